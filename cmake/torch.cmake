@@ -1,0 +1,71 @@
+# The torch extension: C++ CPU kernels (always) + CUDA kernels (when nvcc is found), registered
+# with TORCH_LIBRARY. Torch is located through the Python that runs the build, not TorchConfig,
+# so a CPU-only torch and a CUDA nvcc can be combined (the .cu files include no torch headers).
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" -c
+    "import torch, torch.utils.cpp_extension as e; print('|'.join(e.include_paths())); print('|'.join(e.library_paths())); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)"
+  OUTPUT_VARIABLE _torch_out RESULT_VARIABLE _torch_rc ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _torch_rc EQUAL 0)
+  set(REDRAFTER_HAVE_TORCH OFF)
+  if(REDRAFTER_TORCH STREQUAL "ON")
+    message(FATAL_ERROR "REDRAFTER_TORCH=ON but `import torch` failed for ${Python_EXECUTABLE}. "
+                        "Install torch first and build with --no-build-isolation.")
+  endif()
+  message(STATUS "redrafter_ext: torch not found, skipping the torch extension")
+  return()
+endif()
+set(REDRAFTER_HAVE_TORCH ON)
+string(REPLACE "\n" ";" _torch_lines "${_torch_out}")
+list(GET _torch_lines 0 _torch_inc)
+list(GET _torch_lines 1 _torch_libdir)
+list(GET _torch_lines 2 _torch_abi)
+list(GET _torch_lines 3 _torch_version)
+string(REPLACE "|" ";" _torch_inc "${_torch_inc}")
+string(REPLACE "|" ";" _torch_libdir "${_torch_libdir}")
+message(STATUS "redrafter_ext: torch ${_torch_version} at ${_torch_libdir}")
+
+set(REDRAFTER_TORCH_SOURCES
+  csrc/torch/module.cpp
+  csrc/torch/registration.cpp
+  csrc/torch/ops_cpu.cpp
+  csrc/cpu/tree_mask.cpp
+)
+
+# CUDA: compiled when nvcc is found; the module links cudart statically so it imports anywhere.
+set(REDRAFTER_HAVE_CUDA OFF)
+if(NOT REDRAFTER_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(REDRAFTER_HAVE_CUDA ON)
+    list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/ops_cuda.cpp csrc/cuda/tree_mask.cu)
+  elseif(REDRAFTER_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "REDRAFTER_CUDA=ON but no CUDA compiler (nvcc) was found; set CUDACXX")
+  else()
+    message(STATUS "redrafter_ext: nvcc not found, building without CUDA kernels")
+  endif()
+endif()
+
+python_add_library(_C MODULE WITH_SOABI USE_SABI 3.9 ${REDRAFTER_TORCH_SOURCES})
+target_include_directories(_C PRIVATE ${_torch_inc} ${CMAKE_CURRENT_SOURCE_DIR}/csrc)
+target_compile_definitions(_C PRIVATE _GLIBCXX_USE_CXX11_ABI=${_torch_abi} TORCH_EXTENSION_NAME=_C)
+target_compile_options(_C PRIVATE
+  $<$<COMPILE_LANGUAGE:CXX>:-O3 -Wall -Wno-unused-parameter>
+  $<$<COMPILE_LANGUAGE:CUDA>:-O3 -Werror=all-warnings --expt-relaxed-constexpr>)
+target_link_directories(_C PRIVATE ${_torch_libdir})
+target_link_libraries(_C PRIVATE c10 torch torch_cpu)
+if(REDRAFTER_HAVE_CUDA)
+  target_compile_definitions(_C PRIVATE REDRAFTER_WITH_CUDA=1)
+  set_target_properties(_C PROPERTIES CUDA_RUNTIME_LIBRARY Static)
+  target_include_directories(_C PRIVATE ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
+endif()
+install(TARGETS _C LIBRARY DESTINATION redrafter_ext)
+list(APPEND REDRAFTER_BUILT "torch(cuda=${REDRAFTER_HAVE_CUDA})")

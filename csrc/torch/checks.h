@@ -1,0 +1,32 @@
+// Input validation for the torch launchers. Every message starts with the op name and names the
+// argument; TORCH_CHECK_VALUE/TYPE surface in Python as ValueError/TypeError.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+
+namespace redrafter {
+
+inline void check_dim(const char* op, const char* name, const at::Tensor& t, int64_t ndim,
+                      const char* dims) {
+  TORCH_CHECK_VALUE(t.dim() == ndim, op, ": ", name, " must have ", ndim, " dims (", dims,
+                    "), got shape ", t.sizes());
+}
+
+inline void check_index_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
+                   " must have dtype int32 or int64, got ", t.scalar_type());
+}
+
+inline void check_same_device(const char* op, const char* name, const at::Tensor& t,
+                              const at::Tensor& ref) {
+  TORCH_CHECK_VALUE(t.device() == ref.device(), op, ": ", name, " is on ", t.device(),
+                    " but the other inputs are on ", ref.device());
+}
+
+inline void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+}  // namespace redrafter

@@ -1,0 +1,171 @@
+"""The ReDrafter drafter: an RNN over the target's own embeddings, conditioned on its hidden state.
+
+    s_t = SiLU(W e_t + U s_{t-1} + b),  s_0 = 0          e_t: target input embedding of token t
+    x   = concat(h, s_t);  x = x + SiLU(Linear(x))  (num_layers times)
+    logits = Linear(2H, V)(x)
+
+Beam search runs L-1 such steps for W beams, each followed by the fused ``beam_topk`` op.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["DrafterConfig", "Drafter", "beam_search"]
+
+CONFIG_NAME = "drafter_config.json"
+WEIGHTS_NAME = "drafter.safetensors"
+
+# step_fn(prev_tokens [B, W] i32, state [B, W, D]) -> (logits [B, W, V], new_state [B, W, D])
+StepFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int  # H: the target's hidden size (= its embedding size)
+    vocab_size: int  # V: the target's vocabulary
+    num_layers: int = 2  # residual blocks on concat(h, s)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> DrafterConfig:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def beam_search(
+    step_fn: StepFn, state0: Tensor, token: Tensor, beam_width: int, beam_length: int, ops: ModuleType
+) -> Tensor:
+    """Beam search over any step function, with the fused ``beam_topk`` op of ``ops``.
+
+    Args:
+        step_fn: ``(prev_tokens (B, W) i32, state (B, W, D)) -> (logits (B, W, V), state)``.
+        state0: ``(B, W, D)`` initial state.
+        token: ``(B,)`` int, the guaranteed token (position 0 of every beam).
+        ops: ``redrafter_ext.ops`` (native) or ``redrafter_ext.reference``.
+
+    Returns:
+        ``beams (B, W, L)`` int32, sorted by joint log-probability (ties to the lower index).
+    """
+    B = token.shape[0]
+    W, L = beam_width, beam_length
+    dev = token.device
+    tokens = torch.zeros(B, W, L, dtype=torch.int32, device=dev)
+    tokens[:, :, 0] = token.to(torch.int32)[:, None]
+    # only beam 0 is live at the first step, so the first expansion has no duplicate beams
+    scores = torch.full((B, W), float("-inf"), device=dev)
+    scores[:, 0] = 0.0
+    state = state0
+    for step in range(1, L):
+        logits, state = step_fn(tokens[:, :, step - 1], state)
+        scores, tokens, state, _ = ops.beam_topk(logits, scores, tokens, state, step)
+    return tokens
+
+
+class Drafter(nn.Module):
+    """ReDrafter drafter. Parameters: ``rnn_w`` (H->H), ``rnn_u`` (H->H, with bias ``b``),
+    ``blocks`` (num_layers x Linear(2H, 2H)), ``lm_head`` (Linear(2H, V))."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        H, V = config.hidden_size, config.vocab_size
+        self.rnn_w = nn.Linear(H, H, bias=False)
+        self.rnn_u = nn.Linear(H, H, bias=True)
+        self.blocks = nn.ModuleList(nn.Linear(2 * H, 2 * H) for _ in range(config.num_layers))
+        self.lm_head = nn.Linear(2 * H, V, bias=False)
+
+    def rnn_step(self, emb: Tensor, state: Tensor) -> Tensor:
+        """``emb (..., H)`` embedding of the previous token, ``state (..., H)`` -> new state."""
+        return F.silu(self.rnn_w(emb) + self.rnn_u(state))
+
+    def logits(self, hidden: Tensor, state: Tensor) -> Tensor:
+        """``hidden (..., H)`` target hidden, ``state (..., H)`` -> logits ``(..., V)``."""
+        x = torch.cat([hidden.expand_as(state), state], dim=-1)
+        for block in self.blocks:
+            x = x + F.silu(block(x))
+        return self.lm_head(x)
+
+    def unroll(self, hidden: Tensor, embeds: Tensor) -> Tensor:
+        """Teacher-forced unroll for training.
+
+        Args:
+            hidden: ``(..., H)`` target hidden state at position t (it predicted token t+1).
+            embeds: ``(..., K, H)`` target embeddings of tokens t+1..t+K.
+
+        Returns:
+            logits ``(..., K, V)``: step k predicts token t+k+1.
+        """
+        state = torch.zeros_like(embeds[..., 0, :])
+        out = []
+        for k in range(embeds.shape[-2]):
+            state = self.rnn_step(embeds[..., k, :], state)
+            out.append(self.logits(hidden, state))
+        return torch.stack(out, dim=-2)
+
+    @torch.no_grad()
+    def beam_search(
+        self,
+        hidden: Tensor,
+        token: Tensor,
+        embed_weight: Tensor,
+        beam_width: int,
+        beam_length: int,
+        ops: ModuleType,
+    ) -> Tensor:
+        """Draft W beams of L tokens from the target's last hidden state.
+
+        Args:
+            hidden: ``(B, H)`` target hidden state (after its final norm) at the last committed token.
+            token: ``(B,)`` int, the guaranteed next token.
+            embed_weight: ``(V, H)`` the target's input embedding table.
+
+        Returns:
+            ``beams (B, W, L)`` int32, ``beams[:, :, 0] == token``.
+        """
+        B, H = hidden.shape
+        dtype = self.lm_head.weight.dtype
+        h = hidden.to(dtype)[:, None, :]  # [B, 1, H]
+
+        def step(prev: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+            emb = F.embedding(prev.to(torch.int64), embed_weight).to(dtype)
+            state = self.rnn_step(emb, state)
+            return self.logits(h, state), state
+
+        state0 = torch.zeros(B, beam_width, H, dtype=dtype, device=hidden.device)
+        return beam_search(step, state0, token, beam_width, beam_length, ops)
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.config.save(folder / CONFIG_NAME)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(folder / WEIGHTS_NAME))
+
+    @classmethod
+    def from_pretrained(
+        cls, folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+    ) -> Drafter:
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        cfg_path = folder / CONFIG_NAME
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"Drafter.from_pretrained: no {CONFIG_NAME} in {folder}")
+        model = cls(DrafterConfig.load(cfg_path))
+        state = load_file(str(folder / WEIGHTS_NAME))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"Drafter.from_pretrained: missing weights {missing}, unexpected {unexpected}")
+        model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device=device)
+        return model.eval()

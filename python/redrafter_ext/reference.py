@@ -1,0 +1,228 @@
+"""Pure-PyTorch reference of every op: the oracle for tests, benchmarks and the explicit fallback.
+
+Notation (see README): B batch rows, W beam width, L beam length including the guaranteed token,
+V vocabulary, N = 1 + W*(L-1) trie nodes (node 0 is the root). Integer inputs may be int32 or
+int64; integer outputs are int32; scores are float32 whatever the logits dtype.
+
+Every function here has fixed output shapes and never reads a tensor value on the host, so the
+reference can run inside ``decode_step`` (and under ``torch.compile``) unchanged. Range checks on
+values use ``torch._assert_async``, which raises at once on the CPU and asynchronously on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._checks import (
+    check_beam_topk,
+    check_build_trie,
+    check_kv_compact,
+    check_tree_mask,
+    check_verify_greedy,
+)
+
+__all__ = ["beam_topk", "build_trie", "tree_mask", "verify_greedy", "kv_compact", "num_nodes_max"]
+
+
+def num_nodes_max(beam_width: int, beam_length: int) -> int:
+    """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce."""
+    return 1 + beam_width * (beam_length - 1)
+
+
+def beam_topk(
+    logits: Tensor, scores: Tensor, tokens: Tensor, state: Tensor, step: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One beam-search step: log-softmax, running score, top-W over W*V, reorder by parent.
+
+    Args:
+        logits: ``(B, W, V)`` float32/float16/bfloat16 drafter logits.
+        scores: ``(B, W)`` float32 running joint log-probabilities (``[0, -inf, ...]`` at step 1).
+        tokens: ``(B, W, L)`` int token history; positions ``< step`` are valid. The whole row is
+            copied from the parent beam, then position ``step`` is overwritten.
+        state: ``(B, W, D)`` any float dtype, the drafter state of each beam after this step's
+            update (reordered with its beam).
+        step: position ``1 <= step < L`` written by this step.
+
+    Returns:
+        ``(scores (B, W) f32, tokens (B, W, L) i32, state (B, W, D), parent (B, W) i32)``, beams
+        sorted by score descending, ties to the lower flat index ``w * V + v``.
+    """
+    check_beam_topk(logits, scores, tokens, state, step)
+    B, W, V = logits.shape
+    cand = scores.float()[:, :, None] + torch.log_softmax(logits.float(), dim=-1)  # [B, W, V]
+    # a stable descending sort keeps equal candidates in flat-index order: the documented tie rule
+    order = torch.sort(cand.reshape(B, W * V), dim=-1, descending=True, stable=True).indices
+    top = order[:, :W]  # [B, W]
+    new_scores = torch.gather(cand.reshape(B, W * V), 1, top)
+    parent = torch.div(top, V, rounding_mode="floor")
+    token = top - parent * V
+    new_tokens = torch.gather(tokens.to(torch.int32), 1, parent[:, :, None].expand(-1, -1, tokens.shape[2]))
+    new_tokens[:, :, step] = token.to(torch.int32)
+    new_state = torch.gather(state, 1, parent[:, :, None].expand(-1, -1, state.shape[2]))
+    return new_scores, new_tokens, new_state, parent.to(torch.int32)
+
+
+def build_trie(beams: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Merge the beams' shared prefixes into a trie (Dynamic Tree Attention).
+
+    Position 0 of every beam is the root (node 0, the guaranteed token, taken from beam 0).
+    Nodes are numbered in order of first occurrence, beam-major then depth: beam 0's L nodes,
+    then the new nodes of beam 1, ... This order is topological (parent < child).
+
+    Args:
+        beams: ``(B, W, L)`` int token ids.
+
+    Returns:
+        ``node_token, node_parent, node_depth`` ``(B, N)`` i32 (padding: token 0, parent -1,
+        depth 0; the root has parent -1), ``beam_node`` ``(B, W, L)`` i32, ``num_nodes`` ``(B,)`` i32.
+    """
+    check_build_trie(beams)
+    B, W, L = beams.shape
+    N = num_nodes_max(W, L)
+    dev = beams.device
+    beams = beams.to(torch.int32)
+    draft = beams[:, :, 1:]  # [B, W, L-1]
+    # same[b, w, v, d]: beams w and v agree on positions 1..d+1 (the prefix defining a node)
+    same = (draft[:, :, None, :] == draft[:, None, :, :]).to(torch.int32).cumprod(dim=-1)
+    # owner[b, w, d]: the lowest beam sharing that prefix, i.e. where the node first occurs
+    w_idx = torch.arange(W, device=dev, dtype=torch.int32)
+    cand = torch.where(same.bool(), w_idx[None, None, :, None], W)
+    owner = cand.min(dim=2).values  # [B, W, L-1]
+    is_new = owner == w_idx[None, :, None]
+    new_flat = is_new.reshape(B, W * (L - 1)).to(torch.int32)
+    node_of_new = torch.cumsum(new_flat, dim=1) - new_flat + 1  # node id if the position is new
+    node_of_new = node_of_new.reshape(B, W, L - 1)
+    # every position takes the node id assigned at its owner beam, same depth
+    pos_node = torch.gather(node_of_new, 1, owner.to(torch.int64))  # [B, W, L-1]
+    beam_node = torch.cat([torch.zeros(B, W, 1, dtype=torch.int32, device=dev), pos_node], dim=2)
+    parent_node = beam_node[:, :, :-1]
+    depth = torch.arange(1, L, device=dev, dtype=torch.int32).expand(B, W, L - 1)
+
+    # scatter new positions to their node slot; the rest go to a spill slot N that is dropped
+    slot = torch.where(is_new, pos_node, N).reshape(B, -1).to(torch.int64)
+    node_token = torch.zeros(B, N + 1, dtype=torch.int32, device=dev)
+    node_parent = torch.full((B, N + 1), -1, dtype=torch.int32, device=dev)
+    node_depth = torch.zeros(B, N + 1, dtype=torch.int32, device=dev)
+    node_token.scatter_(1, slot, draft.reshape(B, -1))
+    node_parent.scatter_(1, slot, parent_node.reshape(B, -1))
+    node_depth.scatter_(1, slot, depth.reshape(B, -1))
+    node_token[:, 0] = beams[:, 0, 0]
+    node_parent[:, 0] = -1
+    node_depth[:, 0] = 0
+    num_nodes = (new_flat.sum(dim=1) + 1).to(torch.int32)
+    return node_token[:, :N], node_parent[:, :N], node_depth[:, :N], beam_node, num_nodes
+
+
+def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:
+    """Ancestor-or-self mask of the trie.
+
+    Args:
+        node_parent: ``(B, N)`` int, parent of each node (-1 for the root and padding); every
+            parent index is lower than its child's.
+        num_nodes: ``(B,)`` int, valid nodes per row; rows ``>= num_nodes`` are padding and see
+            only themselves.
+        packed: return int32 bit words instead of bools.
+
+    Returns:
+        bool ``(B, N, N)``: ``mask[b, i, j]`` is true when node j is an ancestor-or-self of node i;
+        or, when ``packed``, int32 ``(B, N, ceil(N/32))`` with bit ``j % 32`` of word ``j // 32``
+        set, least significant bit first.
+    """
+    check_tree_mask(node_parent, num_nodes)
+    B, N = node_parent.shape
+    dev = node_parent.device
+    node = torch.arange(N, device=dev)
+    valid = node[None, :] < num_nodes.to(torch.int64)[:, None]  # [B, N]
+    # padding nodes hang from nobody, so they can neither see nor be seen by the tree
+    jump = torch.where(valid, node_parent.to(torch.int64), -1)
+    mask = torch.eye(N, dtype=torch.bool, device=dev).expand(B, N, N).clone()
+    # pointer doubling: after k rounds mask[i] holds the ancestors at distance < 2^k and
+    # jump[i] is the ancestor at distance 2^k (-1 past the root)
+    for _ in range(max(1, math.ceil(math.log2(max(N, 2))))):
+        has = jump >= 0
+        j = jump.clamp(min=0)
+        mask = mask | (torch.gather(mask, 1, j[:, :, None].expand(B, N, N)) & has[:, :, None])
+        jump = torch.where(has, torch.gather(jump, 1, j), -1)
+    if not packed:
+        return mask
+    words = (N + 31) // 32
+    padded = torch.zeros(B, N, words * 32, dtype=torch.int64, device=dev)
+    padded[:, :, :N] = mask.to(torch.int64)
+    bits = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64, device=dev), torch.arange(32, device=dev))
+    packed_words = (padded.reshape(B, N, words, 32) * bits).sum(dim=-1)
+    # fold bit 31 into the sign so the word is the int32 with exactly these bits
+    packed_words = torch.where(packed_words >= 2**31, packed_words - 2**32, packed_words)
+    return packed_words.to(torch.int32)
+
+
+def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Greedy acceptance: the longest beam whose draft tokens equal the target's argmax.
+
+    Args:
+        logits: ``(B, N, V)`` target logits at each trie node.
+        beams: ``(B, W, L)`` int draft beams (position 0 is the guaranteed token).
+        beam_node: ``(B, W, L)`` int node of each beam position (from ``build_trie``).
+
+    Returns:
+        ``accept_len (B,)`` accepted draft tokens (0..L-1), ``best_beam (B,)`` (ties to the lowest
+        beam), ``path_nodes (B, L)`` nodes of the accepted path root first, -1 past it,
+        ``next_token (B,)`` the target's argmax at the last accepted node. All int32.
+    """
+    check_verify_greedy(logits, beams, beam_node)
+    B, W, L = beams.shape
+    target = logits.argmax(dim=-1).to(torch.int32)  # [B, N]; first maximum on ties
+    bn = beam_node.to(torch.int64)
+    pred = torch.gather(target, 1, bn.reshape(B, W * L)).reshape(B, W, L)  # argmax at each node
+    match = (beams[:, :, 1:].to(torch.int32) == pred[:, :, :-1]).to(torch.int32)
+    accept = match.cumprod(dim=-1).sum(dim=-1)  # [B, W]
+    accept_len, best = accept.max(dim=1)  # max returns the first maximal index
+    path = torch.gather(bn, 1, best[:, None, None].expand(B, 1, L)).reshape(B, L)
+    i = torch.arange(L, device=beams.device)
+    path_nodes = torch.where(i[None, :] <= accept_len[:, None], path, -1)
+    last = torch.gather(path, 1, accept_len[:, None].to(torch.int64))
+    next_token = torch.gather(target, 1, last).reshape(B)
+    return accept_len.to(torch.int32), best.to(torch.int32), path_nodes.to(torch.int32), next_token
+
+
+def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor) -> None:
+    """Keep only the accepted path's K/V, in place, and advance ``cache_len``.
+
+    For each row b and ``i = 0..accept_len[b]``, copy slot ``cache_len[b] + path_nodes[b, i]`` to
+    slot ``cache_len[b] + i`` in every layer, K and V; then ``cache_len[b] += accept_len[b] + 1``.
+    ``accept_len[b] == -1`` marks an inactive row (finished): nothing is copied or advanced.
+
+    Args:
+        kv: ``(n_layers, 2, B, H_kv, S, D)`` contiguous cache, any float dtype (modified).
+        cache_len: ``(B,)`` int32 tokens already committed per row (modified).
+        path_nodes: ``(B, L)`` int accepted path from ``verify_greedy`` (-1 past it).
+        accept_len: ``(B,)`` int, -1..L-1.
+    """
+    check_kv_compact(kv, cache_len, path_nodes, accept_len)
+    n_layers, two, B, H, S, D = kv.shape
+    L = path_nodes.shape[1]
+    i = torch.arange(L, device=kv.device)
+    acc = accept_len.to(torch.int64)
+    base = cache_len.to(torch.int64)
+    path = path_nodes.to(torch.int64)
+    valid = i[None, :] <= acc[:, None]  # [B, L]
+    torch._assert_async(
+        (~valid | (path >= i[None, :])).all(), "kv_compact: path_nodes must satisfy path_nodes[b, i] >= i"
+    )
+    torch._assert_async(
+        (base + torch.where(valid, path, 0).amax(dim=1) < S).all(),
+        "kv_compact: cache_len + path_nodes exceeds the cache length S (kv.shape[4])",
+    )
+    # rewrite a window of L distinct slots per row (shifted inside the cache near its end), so the
+    # scatter has no duplicate destinations; slots outside the accepted range are rewritten as is
+    start = base.clamp(max=S - L)
+    slot = start[:, None] + i[None, :]  # [B, L]
+    rel = slot - base[:, None]  # path position each slot receives
+    take = (rel >= 0) & (rel <= acc[:, None])
+    src = torch.where(take, base[:, None] + torch.gather(path, 1, rel.clamp(0, L - 1)), slot)
+    shape = (n_layers, two, B, H, L, D)
+    moved = torch.gather(kv, 4, src[None, None, :, None, :, None].expand(shape))
+    kv.scatter_(4, slot[None, None, :, None, :, None].expand(shape), moved)
+    cache_len.add_((acc + 1).to(cache_len.dtype))
