@@ -1,10 +1,31 @@
-"""redrafter_ext: ReDrafter speculative decoding with native trie/mask/beam/KV kernels."""
+"""redrafter_ext: ReDrafter speculative decoding with native trie/mask/beam/KV kernels.
+
+    from redrafter_ext import LlamaTarget, Drafter, generate, autoregressive_generate
+    target = LlamaTarget.from_pretrained(folder); drafter = Drafter.from_pretrained(folder2)
+    out = generate(target, drafter, [[1, 2, 3]], max_new_tokens=64, beam_width=4, beam_length=4)
+"""
 
 from __future__ import annotations
 
 import torch  # noqa: F401  (the native module has no RPATH to libtorch: load torch first)
 
 from . import ops, reference
+from .decode import DecodeState, GenerateOutput, autoregressive_generate, decode_step, generate
+from .drafter import Drafter, DrafterConfig, beam_search
+from .models import LlamaConfig, LlamaTarget
 
-__all__ = ["ops", "reference"]
+__all__ = [
+    "ops",
+    "reference",
+    "DecodeState",
+    "GenerateOutput",
+    "decode_step",
+    "generate",
+    "autoregressive_generate",
+    "Drafter",
+    "DrafterConfig",
+    "beam_search",
+    "LlamaConfig",
+    "LlamaTarget",
+]
 __version__ = "0.1.0"

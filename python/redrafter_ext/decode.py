@@ -1,0 +1,305 @@
+"""The ReDrafter loop: ``decode_step`` (one speculative step, no host sync) and ``generate``.
+
+One step, for B rows at once (W beams of L tokens, N = 1 + W*(L-1) trie nodes):
+    beams      = drafter.beam_search(hidden, token)              # (B, W, L), beams[:, :, 0] = token
+    trie       = ops.build_trie(beams)                           # (B, N) tokens/parents/depths
+    mask       = ops.tree_mask(parent, num_nodes)                # (B, N, N) ancestor-or-self
+    logits, h  = target(trie tokens, cache_len + depth, mask)    # (B, N, V), writes K/V at cache_len+n
+    accept     = ops.verify_greedy(logits, beams, beam_node)     # longest beam agreeing with argmax
+    ops.kv_compact(kv, cache_len, path_nodes, accept)            # keep only the accepted path
+    commit root + accepted tokens to the output buffer; hidden, token <- last accepted node
+Every tensor keeps its shape from step to step and the state is updated in place, so the step can
+be captured in a CUDA graph; finished rows keep their shape and are masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from . import reference
+from ._checks import check_tensor
+from .reference import num_nodes_max
+
+__all__ = ["DecodeState", "GenerateOutput", "decode_step", "generate", "autoregressive_generate", "default_ops"]
+
+
+def default_ops() -> ModuleType:
+    """The native ops module (``redrafter_ext.ops``)."""
+    from . import ops
+
+    return ops
+
+
+@dataclass
+class DecodeState:
+    """Everything that changes across decode steps; all tensors on one device, updated in place.
+
+    kv         (n_layers, 2, B, H_kv, S, D)  target KV cache
+    cache_len  (B,) int32   tokens whose K/V are committed in ``kv``
+    hidden     (B, H)       target hidden state (after final norm) at the last committed token
+    token      (B,) int32   the guaranteed next token (target argmax, not yet in the cache)
+    out        (B, max_new_tokens + L) int32  generated tokens; the last L columns are scratch
+    num_out    (B,) int32   tokens written to ``out``
+    done       (B,) bool    row finished (EOS committed or max_new_tokens reached)
+    steps      (B,) int32   decode steps taken while the row was active
+    nodes      (B,) int32   trie nodes verified while the row was active (sum over steps)
+    """
+
+    kv: Tensor
+    cache_len: Tensor
+    hidden: Tensor
+    token: Tensor
+    out: Tensor
+    num_out: Tensor
+    done: Tensor
+    steps: Tensor
+    nodes: Tensor
+    max_new_tokens: int
+    eos_id: int | None = None
+
+    def check(self, target, beam_width: int, beam_length: int) -> None:
+        """Metadata checks only (no tensor values are read)."""
+        op = "decode_step"
+        if beam_width < 1 or beam_length < 1:
+            raise ValueError(f"{op}: beam_width and beam_length must be >= 1, got {beam_width}, {beam_length}")
+        check_tensor(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D")
+        dev = self.kv.device
+        B, S = self.kv.shape[2], self.kv.shape[4]
+        check_tensor(op, "state.cache_len", self.cache_len, "B", (torch.int32,), dev)
+        check_tensor(op, "state.hidden", self.hidden, "B, H", None, dev)
+        check_tensor(op, "state.token", self.token, "B", (torch.int32,), dev)
+        check_tensor(op, "state.out", self.out, "B, T", (torch.int32,), dev)
+        for name in ("cache_len", "token", "num_out", "done", "steps", "nodes"):
+            t = getattr(self, name)
+            if tuple(t.shape) != (B,):
+                raise ValueError(f"{op}: state.{name} must have shape (B,) = ({B},), got {tuple(t.shape)}")
+        if self.hidden.shape != (B, target.hidden_size):
+            raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size})")
+        if self.out.shape[1] < self.max_new_tokens + beam_length:
+            raise ValueError(f"{op}: state.out needs max_new_tokens + L = {self.max_new_tokens + beam_length} columns")
+        N = num_nodes_max(beam_width, beam_length)
+        if N > S:
+            raise ValueError(f"{op}: the trie needs N = 1 + W*(L-1) = {N} cache slots but the cache has S = {S}")
+
+
+@torch.no_grad()
+def decode_step(
+    target, drafter, state: DecodeState, *, beam_width: int, beam_length: int, ops: ModuleType | None = None
+) -> Tensor:
+    """One ReDrafter step for every row, in place on ``state``. Never synchronises with the host.
+
+    Args:
+        target: implements the target protocol (``redrafter_ext.models``).
+        drafter: has ``beam_search(hidden, token, embed_weight, W, L, ops) -> (B, W, L)``.
+        state: the decode state (see ``DecodeState``); the caller guarantees cache room for
+            ``cache_len + N`` slots in active rows (``generate`` checks this once up front).
+        ops: ``redrafter_ext.ops`` (native, the default) or ``redrafter_ext.reference``.
+
+    Returns:
+        ``(B,)`` int32 tokens committed by this step per row (0 for finished rows).
+    """
+    ops = ops or default_ops()
+    state.check(target, beam_width, beam_length)
+    W, L = beam_width, beam_length
+    B = state.token.shape[0]
+    dev = state.token.device
+    i = torch.arange(L, device=dev)
+
+    # 1-3: draft, merge into a trie, build the ancestor mask
+    beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
+    node_token, _, node_depth, beam_node, num_nodes = trie = ops.build_trie(beams)
+    mask = ops.tree_mask(trie[1], num_nodes)  # [B, N, N]
+
+    # 4: verify the whole trie in one target forward; K/V land at cache_len + node
+    positions = state.cache_len[:, None] + node_depth  # [B, N]
+    logits, hidden = target(node_token, positions, mask, state.cache_len, state.kv)
+
+    # 5: greedy acceptance
+    accept_len, best_beam, path_nodes, next_token = ops.verify_greedy(logits, beams, beam_node)
+    path_tokens = torch.gather(beams, 1, best_beam[:, None, None].to(torch.int64).expand(B, 1, L))[:, 0]  # [B, L]
+
+    # commit root + accepted drafts, cut after an EOS and at max_new_tokens; -1 = inactive row
+    n_commit = accept_len + 1
+    if state.eos_id is not None:
+        is_eos = (path_tokens == state.eos_id) & (i[None, :] < n_commit[:, None])
+        first_eos = torch.where(is_eos, i[None, :], L).amin(dim=1)
+        n_commit = torch.minimum(n_commit, first_eos + 1)
+    n_commit = torch.minimum(n_commit, state.max_new_tokens - state.num_out)
+    n_commit = torch.where(state.done, 0, n_commit).to(torch.int32)
+    last = n_commit - 1  # index of the last committed path position, -1 for inactive rows
+
+    # 6: keep only the committed path's K/V; cache_len += n_commit
+    ops.kv_compact(state.kv, state.cache_len, path_nodes, last)
+
+    # 7: fixed-shape scatter into the output buffer; uncommitted positions go to scratch columns
+    scratch = state.out.shape[1] - L + i
+    dst = torch.where(i[None, :] < n_commit[:, None], state.num_out[:, None] + i[None, :], scratch[None, :])
+    state.out.scatter_(1, dst.to(torch.int64), path_tokens)
+    last_node = torch.gather(path_nodes, 1, last.clamp(min=0)[:, None].to(torch.int64))  # [B, 1]
+    new_hidden = torch.gather(hidden, 1, last_node[:, :, None].expand(B, 1, hidden.shape[2]))[:, 0]
+    active = ~state.done
+    state.hidden.copy_(torch.where(active[:, None], new_hidden.to(state.hidden.dtype), state.hidden))
+    state.token.copy_(torch.where(active, next_token, state.token))
+    state.steps.add_(active.to(torch.int32))
+    state.nodes.add_(torch.where(active, num_nodes, 0))
+    state.num_out.add_(n_commit)
+    finished = state.num_out >= state.max_new_tokens
+    if state.eos_id is not None:
+        finished |= (n_commit > 0) & (torch.gather(path_tokens, 1, last.clamp(min=0)[:, None].to(torch.int64))[:, 0] == state.eos_id)
+    state.done |= finished
+    return n_commit
+
+
+@dataclass
+class GenerateOutput:
+    """tokens: generated ids per row (EOS included when hit). Stats are per row."""
+
+    tokens: list[list[int]]
+    steps: list[int]
+    nodes: list[int]
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean committed tokens per decode step over all rows (accepted + 1)."""
+        return sum(map(len, self.tokens)) / max(1, sum(self.steps))
+
+
+def _prepare_prompts(target, prompts: Sequence[Sequence[int]] | Tensor, device) -> tuple[Tensor, Tensor]:
+    """Right-pad prompts into ``(B, T)`` int64 + ``lengths (B,)`` after validating them on the host."""
+    if isinstance(prompts, Tensor):
+        if prompts.dim() != 2:
+            raise ValueError(f"generate: prompts must be a (B, T) tensor or a list of lists, got shape {tuple(prompts.shape)}")
+        prompts = prompts.tolist()  # sync-ok: host-side validation before decoding starts
+    rows = [list(map(int, p)) for p in prompts]
+    if not rows:
+        raise ValueError("generate: prompts is empty")
+    V = target.vocab_size
+    for b, p in enumerate(rows):
+        if not p:
+            raise ValueError(f"generate: prompts[{b}] is empty")
+        bad = [t for t in p if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"generate: prompts[{b}] has token id {bad[0]} outside the vocabulary [0, {V})")
+    T = max(map(len, rows))
+    tokens = torch.zeros(len(rows), T, dtype=torch.int64)
+    for b, p in enumerate(rows):
+        tokens[b, : len(p)] = torch.tensor(p)
+    lengths = torch.tensor([len(p) for p in rows], dtype=torch.int32)
+    return tokens.to(device), lengths.to(device)
+
+
+def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None):
+    """Validate, allocate the cache and prefill. Returns (state, lengths)."""
+    if max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if eos_id is not None and not 0 <= eos_id < target.vocab_size:
+        raise ValueError(f"generate: eos_id={eos_id} is outside the vocabulary [0, {target.vocab_size})")
+    dev = target.embed_weight.device
+    tokens, lengths = _prepare_prompts(target, prompts, dev)
+    B, T = tokens.shape
+    # the tree of the last step starts at most at prompt + max_new - 1 and needs `slack` slots
+    need = T + max_new_tokens + slack
+    S = max_len or need
+    if S < need:
+        raise ValueError(
+            f"generate: max_len={S} leaves no room: prompt {T} + max_new_tokens {max_new_tokens} "
+            f"+ trie N={slack} needs {need} cache slots"
+        )
+    kv = target.new_kv_cache(B, S)
+    logits, hidden = target.prefill(tokens, lengths, kv)
+    z = torch.zeros(B, dtype=torch.int32, device=dev)
+    state = DecodeState(
+        kv=kv, cache_len=lengths.clone(), hidden=hidden, token=logits.argmax(-1).to(torch.int32),
+        out=torch.zeros(B, max_new_tokens + slack, dtype=torch.int32, device=dev), num_out=z.clone(),
+        done=torch.full((B,), max_new_tokens == 0, device=dev), steps=z.clone(), nodes=z.clone(),
+        max_new_tokens=max_new_tokens, eos_id=eos_id,
+    )
+    return state
+
+
+def _finish(state: DecodeState) -> GenerateOutput:
+    out = state.out.cpu()  # sync-ok: the result leaves the device once, after the loop
+    n = state.num_out.tolist()  # sync-ok
+    return GenerateOutput(
+        tokens=[out[b, : n[b]].tolist() for b in range(len(n))],  # sync-ok
+        steps=state.steps.tolist(),  # sync-ok
+        nodes=state.nodes.tolist(),  # sync-ok
+    )
+
+
+@torch.no_grad()
+def generate(
+    target,
+    drafter,
+    prompts: Sequence[Sequence[int]] | Tensor,
+    max_new_tokens: int,
+    *,
+    beam_width: int = 4,
+    beam_length: int = 4,
+    eos_id: int | None = None,
+    ops: ModuleType | None = None,
+    check_every: int = 4,
+    max_len: int | None = None,
+) -> GenerateOutput:
+    """Greedy ReDrafter generation: prefill, then ``decode_step`` until every row is done.
+
+    Args:
+        prompts: B prompts of any lengths (list of token-id lists, or a ``(B, T)`` tensor).
+        max_new_tokens: per-row limit on generated tokens (EOS included).
+        beam_width, beam_length: W and L (L counts the guaranteed token; L = 1 is plain AR).
+        eos_id: stop a row after it commits this token.
+        check_every: read the "all rows done" flag on the host once every this many steps.
+        max_len: cache length S (default: just enough).
+
+    Returns:
+        ``GenerateOutput`` whose tokens equal ``autoregressive_generate``'s, token for token.
+    """
+    N = num_nodes_max(beam_width, beam_length)
+    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len)
+    for step in range(max_new_tokens):
+        decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops)
+        if (step + 1) % check_every == 0 and bool(state.done.all()):  # sync-ok: once every k steps
+            break
+    return _finish(state)
+
+
+@torch.no_grad()
+def autoregressive_generate(
+    target,
+    prompts: Sequence[Sequence[int]] | Tensor,
+    max_new_tokens: int,
+    *,
+    eos_id: int | None = None,
+    check_every: int = 4,
+    max_len: int | None = None,
+) -> GenerateOutput:
+    """Plain greedy decoding with the same target and cache: one token per forward."""
+    state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len)
+    B = state.token.shape[0]
+    ones = torch.ones(B, 1, 1, dtype=torch.bool, device=state.token.device)
+    col = torch.arange(B, device=state.token.device)
+    for step in range(max_new_tokens):
+        active = ~state.done
+        tok = state.token
+        logits, hidden = target(tok[:, None], state.cache_len[:, None], ones, state.cache_len, state.kv)
+        # commit `tok`: write it, advance the cache, take the next argmax
+        dst = torch.where(active, state.num_out, state.out.shape[1] - 1).to(torch.int64)
+        state.out[col, dst] = tok
+        a = active.to(torch.int32)
+        state.cache_len.add_(a)
+        state.num_out.add_(a)
+        state.steps.add_(a)
+        state.nodes.add_(a)
+        state.token.copy_(torch.where(active, logits[:, 0].argmax(-1).to(torch.int32), tok))
+        finished = state.num_out >= max_new_tokens
+        if eos_id is not None:
+            finished |= active & (tok == eos_id)
+        state.done |= finished
+        if (step + 1) % check_every == 0 and bool(state.done.all()):  # sync-ok: once every k steps
+            break
+    return _finish(state)
