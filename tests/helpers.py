@@ -9,7 +9,7 @@ from redrafter_ext import Drafter, DrafterConfig, LlamaConfig, LlamaTarget
 from redrafter_ext.drafter import beam_search
 
 
-def random_target(vocab: int = 97, hidden: int = 64, layers: int = 2, seed: int = 0, std: float = 0.3) -> LlamaTarget:
+def random_target(vocab: int = 97, hidden: int = 64, layers: int = 2, seed: int = 0, std: float = 1.0) -> LlamaTarget:
     """Random Llama whose weights are large enough that greedy tokens vary with context."""
     g = torch.Generator().manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,

@@ -80,11 +80,11 @@ class DecodeState:
                 raise ValueError(f"{op}: state.{name} must have shape (B,) = ({B},), got {tuple(t.shape)}")
         if self.hidden.shape != (B, target.hidden_size):
             raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size})")
-        if self.out.shape[1] < self.max_new_tokens + beam_length:
-            raise ValueError(f"{op}: state.out needs max_new_tokens + L = {self.max_new_tokens + beam_length} columns")
         N = num_nodes_max(beam_width, beam_length)
         if N > S:
             raise ValueError(f"{op}: the trie needs N = 1 + W*(L-1) = {N} cache slots but the cache has S = {S}")
+        if self.out.shape[1] < self.max_new_tokens + beam_length:
+            raise ValueError(f"{op}: state.out needs max_new_tokens + L = {self.max_new_tokens + beam_length} columns")
 
 
 @torch.no_grad()
@@ -157,11 +157,13 @@ def decode_step(
 
 @dataclass
 class GenerateOutput:
-    """tokens: generated ids per row (EOS included when hit). Stats are per row."""
+    """tokens: generated ids per row (EOS included when hit); steps/nodes: per-row decode steps and
+    trie nodes verified; state: the final decode state (cache included)."""
 
     tokens: list[list[int]]
     steps: list[int]
     nodes: list[int]
+    state: DecodeState
 
     @property
     def tokens_per_step(self) -> float:
@@ -193,6 +195,7 @@ def _prepare_prompts(target, prompts: Sequence[Sequence[int]] | Tensor, device) 
     return tokens.to(device), lengths.to(device)
 
 
+@torch.no_grad()
 def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None):
     """Validate, allocate the cache and prefill. Returns (state, lengths)."""
     if max_new_tokens < 0:
@@ -229,6 +232,7 @@ def _finish(state: DecodeState) -> GenerateOutput:
         tokens=[out[b, : n[b]].tolist() for b in range(len(n))],  # sync-ok
         steps=state.steps.tolist(),  # sync-ok
         nodes=state.nodes.tolist(),  # sync-ok
+        state=state,
     )
 
 
@@ -285,7 +289,7 @@ def autoregressive_generate(
     col = torch.arange(B, device=state.token.device)
     for step in range(max_new_tokens):
         active = ~state.done
-        tok = state.token
+        tok = state.token.clone()  # state.token is overwritten below
         logits, hidden = target(tok[:, None], state.cache_len[:, None], ones, state.cache_len, state.kv)
         # commit `tok`: write it, advance the cache, take the next argmax
         dst = torch.where(active, state.num_out, state.out.shape[1] - 1).to(torch.int64)
