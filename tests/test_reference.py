@@ -8,7 +8,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from redrafter_ext import reference as ref
 
 
@@ -178,7 +177,7 @@ def test_verify_greedy_matches_loop():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_compact_matches_loop(dtype):
     g = torch.Generator().manual_seed(0)
-    n_layers, B, H, S, D, L = 2, 3, 2, 20, 4, 4
+    n_layers, B, H, S, D = 2, 3, 2, 20, 4
     kv = torch.randn(n_layers, 2, B, H, S, D, generator=g).to(dtype)
     cache_len = torch.tensor([3, 10, 16], dtype=torch.int32)  # the last row sits near the end
     path = torch.tensor([[0, 2, 5, -1], [0, 1, 2, 3], [0, 3, -1, -1]])

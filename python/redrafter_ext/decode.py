@@ -21,7 +21,6 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from . import reference
 from ._checks import check_tensor
 from .reference import num_nodes_max
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _C  # noqa: F401  (loads the TORCH_LIBRARY registrations)
-from . import reference
+from . import (
+    _C,  # noqa: F401  (loads the TORCH_LIBRARY registrations)
+    reference,
+)
 from ._checks import check_tree_mask
 
 __all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "kv_compact", "NATIVE_OPS"]

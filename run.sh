@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One entry point that sets everything up idempotently, then runs a job:
+#   ./run.sh demo [demo options]    greedy AR vs ReDrafter on the shipped model
+#   ./run.sh test [pytest options]  the test suite
+#   ./run.sh bench|train|shell ...  benchmarks, training CLI, a shell in the venv
+# Environment: PYTHON (interpreter, default python3), VENV (default ./.venv),
+# TORCH_SPEC (default torch==2.13.0, the CPU wheel), REDRAFTER_CUDA/TORCH/MLX=ON|OFF|AUTO.
+set -euo pipefail
+cd "$(dirname "$0")"
+root=$(pwd)
+VENV=${VENV:-$root/.venv}
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+DEPS=(numpy safetensors tqdm tokenizers "transformers>=4.45" pytest hypothesis matplotlib
+      "scikit-build-core>=0.10" "nanobind>=2" "cmake>=3.25" ninja ruff)
+
+say() { printf '\033[1m[run.sh]\033[0m %s\n' "$*" >&2; }
+
+setup() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ needed"' \
+      || { say "need Python >= 3.10 (set PYTHON=...)"; exit 1; }
+    say "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  # shellcheck disable=SC1091
+  . "$VENV/bin/activate"
+  local want have
+  want=$(printf '%s\n' "$TORCH_SPEC" "${DEPS[@]}" | sha1sum | cut -c1-16)
+  have=$(cat "$VENV/.redrafter-deps" 2>/dev/null || true)
+  if [ "$want" != "$have" ]; then
+    say "installing dependencies ($TORCH_SPEC, ${#DEPS[@]} more)"
+    python -m pip install -q --upgrade pip
+    python -m pip install -q "$TORCH_SPEC" "${DEPS[@]}"
+    echo "$want" > "$VENV/.redrafter-deps"
+  fi
+  # rebuild the extension only when its sources or build files changed
+  want=$(cd "$root" && { git ls-files -co --exclude-standard -- csrc cmake CMakeLists.txt pyproject.toml python \
+           2>/dev/null || find csrc cmake python CMakeLists.txt pyproject.toml -type f; } \
+         | grep -v '/checkpoints/' | sort | xargs sha1sum | sha1sum | cut -c1-16)
+  want="$want-${REDRAFTER_CUDA:-AUTO}-${REDRAFTER_TORCH:-AUTO}-${REDRAFTER_MLX:-AUTO}"
+  have=$(cat "$VENV/.redrafter-build" 2>/dev/null || true)
+  if [ "$want" != "$have" ] || ! python -c 'import redrafter_ext' 2>/dev/null; then
+    say "building and installing redrafter_ext (C++/CUDA kernels; ~1-2 min)"
+    python -m pip install -q --no-build-isolation --no-deps "$root"
+    echo "$want" > "$VENV/.redrafter-build"
+  fi
+}
+
+job=${1:-help}
+shift || true
+case "$job" in
+  demo)  setup; exec python -m redrafter_ext.demo "$@" ;;
+  test)  setup; cd "$root"; exec python -m pytest -q "$@" ;;
+  bench) setup; script=${1:-bench/bench_ops.py}; shift || true; exec python "$script" "$@" ;;
+  train) setup; exec python -m redrafter_ext.train "$@" ;;
+  shell) setup; exec "${SHELL:-bash}" ;;
+  setup) setup ;;
+  *) sed -n '2,8p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,43 @@
+"""The native extension: registration, CUDA kernels compiled in when nvcc exists, opcheck."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import redrafter_ext as rx
+import torch
+
+
+def test_ops_registered_for_cpu():
+    for name in rx.ops.NATIVE_OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"redrafter::{name}", "CPU"), name
+
+
+@pytest.mark.skipif(
+    not (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")) or os.environ.get("REDRAFTER_CUDA") == "OFF",
+    reason="no nvcc on this machine: the build skips the CUDA kernels by design",
+)
+def test_cuda_kernels_compiled_in():
+    # nvcc is present (here and in CI): the module must carry CUDA kernels and still import without a GPU
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("redrafter::tree_mask", "CUDA")
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_tree_mask_opcheck(packed):
+    beams = torch.tensor([[[1, 2, 3], [1, 2, 4], [1, 5, 3]], [[0, 0, 0], [0, 0, 0], [0, 1, 1]]])
+    _, parent, _, _, num_nodes = rx.reference.build_trie(beams)
+    torch.library.opcheck(torch.ops.redrafter.tree_mask.default, (parent, num_nodes, packed))
+    torch.library.opcheck(torch.ops.redrafter.tree_mask.default, (parent.long(), num_nodes.long(), packed))
+
+
+def test_tree_mask_native_rejects_bad_input():
+    with pytest.raises(ValueError, match="node_parent must have 2 dims"):
+        rx.ops.tree_mask(torch.zeros(3, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(TypeError, match="num_nodes must have dtype"):
+        rx.ops.tree_mask(torch.zeros(1, 3, dtype=torch.int32), torch.zeros(1))
+    with pytest.raises(ValueError, match=r"node_parent\[0, 2\] = 2"):
+        rx.ops.tree_mask(torch.tensor([[-1, 0, 2]]), torch.tensor([3]))
+    with pytest.raises(ValueError, match=r"num_nodes\[0\] = 4"):
+        rx.ops.tree_mask(torch.tensor([[-1, 0, 1]]), torch.tensor([4]))
