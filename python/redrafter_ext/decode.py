@@ -15,6 +15,7 @@ be captured in a CUDA graph; finished rows keep their shape and are masked.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_tensor
+from .profiling import StageTimer
 from .reference import num_nodes_max
 
 __all__ = ["DecodeState", "GenerateOutput", "decode_step", "generate", "autoregressive_generate", "default_ops"]
@@ -32,6 +34,11 @@ def default_ops() -> ModuleType:
     from . import ops
 
     return ops
+
+
+@contextmanager
+def _no_section(name: str):
+    yield
 
 
 @dataclass
@@ -88,7 +95,14 @@ class DecodeState:
 
 @torch.no_grad()
 def decode_step(
-    target, drafter, state: DecodeState, *, beam_width: int, beam_length: int, ops: ModuleType | None = None
+    target,
+    drafter,
+    state: DecodeState,
+    *,
+    beam_width: int,
+    beam_length: int,
+    ops: ModuleType | None = None,
+    timer: StageTimer | None = None,
 ) -> Tensor:
     """One ReDrafter step for every row, in place on ``state``. Never synchronises with the host.
 
@@ -98,28 +112,39 @@ def decode_step(
         state: the decode state (see ``DecodeState``); the caller guarantees cache room for
             ``cache_len + N`` slots in active rows (``generate`` checks this once up front).
         ops: ``redrafter_ext.ops`` (native, the default) or ``redrafter_ext.reference``.
+        timer: optional ``StageTimer`` (adds synchronisation on GPUs; for profiling only).
 
     Returns:
         ``(B,)`` int32 tokens committed by this step per row (0 for finished rows).
     """
     ops = ops or default_ops()
     state.check(target, beam_width, beam_length)
+    if timer is not None:
+        ops = timer.wrap(ops)
+    section = timer.section if timer is not None else _no_section
     W, L = beam_width, beam_length
-    B = state.token.shape[0]
-    dev = state.token.device
-    i = torch.arange(L, device=dev)
 
     # 1-3: draft, merge into a trie, build the ancestor mask
-    beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
-    node_token, _, node_depth, beam_node, num_nodes = trie = ops.build_trie(beams)
-    mask = ops.tree_mask(trie[1], num_nodes)  # [B, N, N]
+    with section("draft"):
+        beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
+    with section("trie"):
+        node_token, node_parent, node_depth, beam_node, num_nodes = ops.build_trie(beams)
+        mask = ops.tree_mask(node_parent, num_nodes)  # [B, N, N]
 
-    # 4: verify the whole trie in one target forward; K/V land at cache_len + node
-    positions = state.cache_len[:, None] + node_depth  # [B, N]
-    logits, hidden = target(node_token, positions, mask, state.cache_len, state.kv)
+    # 4-5: verify the whole trie in one target forward (K/V land at cache_len + node), then the
+    # greedy acceptance
+    with section("verify"):
+        positions = state.cache_len[:, None] + node_depth  # [B, N]
+        logits, hidden = target(node_token, positions, mask, state.cache_len, state.kv)
+        accept_len, best_beam, path_nodes, next_token = ops.verify_greedy(logits, beams, beam_node)
+    with section("commit"):
+        return _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section)
 
-    # 5: greedy acceptance
-    accept_len, best_beam, path_nodes, next_token = ops.verify_greedy(logits, beams, beam_node)
+
+def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section) -> Tensor:
+    """Steps 6-7: compact the KV cache and write the committed tokens; updates ``state`` in place."""
+    B, _, L = beams.shape
+    i = torch.arange(L, device=beams.device)
     path_tokens = torch.gather(beams, 1, best_beam[:, None, None].to(torch.int64).expand(B, 1, L))[:, 0]  # [B, L]
 
     # commit root + accepted drafts, cut after an EOS and at max_new_tokens; -1 = inactive row
@@ -133,7 +158,8 @@ def decode_step(
     last = n_commit - 1  # index of the last committed path position, -1 for inactive rows
 
     # 6: keep only the committed path's K/V; cache_len += n_commit
-    ops.kv_compact(state.kv, state.cache_len, path_nodes, last)
+    with section("kv_compact"):
+        ops.kv_compact(state.kv, state.cache_len, path_nodes, last)
 
     # 7: fixed-shape scatter into the output buffer; uncommitted positions go to scratch columns
     scratch = state.out.shape[1] - L + i
@@ -248,6 +274,7 @@ def generate(
     ops: ModuleType | None = None,
     check_every: int = 4,
     max_len: int | None = None,
+    timer: StageTimer | None = None,
 ) -> GenerateOutput:
     """Greedy ReDrafter generation: prefill, then ``decode_step`` until every row is done.
 
@@ -258,6 +285,7 @@ def generate(
         eos_id: stop a row after it commits this token.
         check_every: read the "all rows done" flag on the host once every this many steps.
         max_len: cache length S (default: just enough).
+        timer: optional ``StageTimer`` collecting per-stage time.
 
     Returns:
         ``GenerateOutput`` whose tokens equal ``autoregressive_generate``'s, token for token.
@@ -265,7 +293,7 @@ def generate(
     N = num_nodes_max(beam_width, beam_length)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len)
     for step in range(max_new_tokens):
-        decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops)
+        decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops, timer=timer)
         if (step + 1) % check_every == 0 and bool(state.done.all()):  # sync-ok: once every k steps
             break
     return _finish(state)

@@ -1,0 +1,66 @@
+"""Optional per-stage wall-clock timing of decode steps (for the demo and benchmarks).
+
+Timing a GPU stage needs a device synchronisation at its edges, so it is opt-in: ``decode_step``
+takes ``timer=None`` by default and then does no timing work at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import torch
+
+# stage names in pipeline order; "draft_rnn" is the drafter's time minus its beam_topk calls
+STAGES = ("draft_rnn", "beam_topk", "trie", "verify", "kv_compact", "commit")
+_OP_STAGE = {"beam_topk": "beam_topk", "build_trie": "trie", "tree_mask": "trie", "verify_greedy": "verify",
+             "kv_compact": "kv_compact"}
+
+
+class StageTimer:
+    """Accumulates seconds per stage. ``section(name)`` times a block; ``wrap(ops)`` times op calls."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def section(self, name: str):
+        self._sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] += time.perf_counter() - t0
+
+    def wrap(self, ops):
+        """A stand-in for an ops module whose five ops record their time under their stage."""
+
+        def timed(name, fn):
+            def call(*args, **kwargs):
+                with self.section("op:" + name):
+                    return fn(*args, **kwargs)
+
+            return call
+
+        return SimpleNamespace(**{n: timed(n, getattr(ops, n)) for n in _OP_STAGE})
+
+    def split(self) -> dict[str, float]:
+        """Seconds per stage of ``STAGES`` (op times moved out of the sections that contain them)."""
+        s = self.seconds
+        ops = {n: s.get("op:" + n, 0.0) for n in _OP_STAGE}
+        return {
+            "draft_rnn": s.get("draft", 0.0) - ops["beam_topk"],
+            "beam_topk": ops["beam_topk"],
+            "trie": s.get("trie", 0.0),
+            "verify": s.get("verify", 0.0),
+            "kv_compact": s.get("kv_compact", 0.0),
+            "commit": s.get("commit", 0.0) - s.get("kv_compact", 0.0),  # the commit section holds kv_compact
+        }
