@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from redrafter_ext import Drafter, DrafterConfig, LlamaConfig, LlamaTarget
 from redrafter_ext.drafter import beam_search
-from torch import Tensor
 
 
 def random_target(vocab: int = 97, hidden: int = 64, layers: int = 2, seed: int = 0, std: float = 1.0) -> LlamaTarget:

@@ -6,8 +6,9 @@ import os
 import shutil
 
 import pytest
-import redrafter_ext as rx
 import torch
+
+import redrafter_ext as rx
 
 
 def test_ops_registered_for_cpu():

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import redrafter_ext as rx
 import torch
 from helpers import OracleDrafter, random_drafter, random_target
-from redrafter_ext.decode import _start
 from torch.utils._python_dispatch import TorchDispatchMode
+
+import redrafter_ext as rx
+from redrafter_ext.decode import _start
 
 BACKENDS = {"native": rx.ops, "reference": rx.reference}
 PROMPTS_3 = [[5, 17, 3, 9, 22, 41, 8], [60, 2], [11, 12, 13, 14]]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import redrafter_ext as rx
 import torch
 from helpers import random_target
+
+import redrafter_ext as rx
 from redrafter_ext.models import LlamaTarget, causal_tree_mask
 
 transformers = pytest.importorskip("transformers")

@@ -1,0 +1,145 @@
+"""End-to-end benchmark: greedy AR vs ReDrafter on the shipped model over a (W, L, batch) grid.
+
+    python bench/e2e.py [--quick] [--runs 5] [--max-new-tokens 96] [--out bench/results]
+
+For every configuration: outputs are first checked identical to AR, then each method is timed
+``--runs`` times; the table gives median tokens/s with the spread (min-max), speedup, mean tokens per
+step and trie nodes per step. Writes ``e2e.csv`` and ``e2e.png`` (speedup and tokens/step vs W, L).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import redrafter_ext as rx
+from redrafter_ext.demo import CHECKPOINTS, load_models, load_prompt_ids
+from redrafter_ext.profiling import STAGES, StageTimer
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--lengths", type=int, nargs="+", default=[2, 3, 4, 5, 6])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per run (a multiple of the batch is used)")
+    p.add_argument("--quick", action="store_true", help="a small grid, 3 runs (smoke test)")
+    p.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.widths, a.lengths, a.batches, a.runs, a.max_new_tokens, a.prompts = [1, 4], [2, 4], [1, 4], 3, 48, 4
+
+    target, drafter, tok, desc = load_models(a.checkpoints, random_weights=False)
+    eos = target.config.eos_token_id
+    a.out.mkdir(parents=True, exist_ok=True)
+    print(f"# {desc}; torch {torch.__version__}, {torch.get_num_threads()} threads; median of {a.runs} runs, "
+          f"spread = min..max; {a.max_new_tokens} new tokens per prompt")
+    header = ["B", "W", "L", "N", "ar_tok_s", "ar_spread", "rd_tok_s", "rd_spread", "speedup", "tokens_per_step",
+              "nodes_per_step", *[f"ms_{s}" for s in STAGES]]
+    print(" | ".join(header))
+    rows = []
+    ar_cache: dict[int, tuple[list, list[float], int]] = {}
+    for B in a.batches:
+        prompts = load_prompt_ids(tok, max(a.prompts, B) // B * B, 200, target.vocab_size)
+        batches = [prompts[i : i + B] for i in range(0, len(prompts), B)]
+        rx.autoregressive_generate(target, batches[0], 4, eos_id=eos)  # warm-up
+        def run_ar(batches=batches):
+            return [rx.autoregressive_generate(target, c, a.max_new_tokens, eos_id=eos) for c in batches]
+
+        ar_times = []
+        for _ in range(a.runs):
+            outs, t = timed(run_ar)
+            ar_times.append(t)
+        ar_tokens = [row for o in outs for row in o.tokens]
+        n_tok = sum(map(len, ar_tokens))
+        ar_cache[B] = (ar_tokens, ar_times, n_tok)
+        ar_tps = [n_tok / t for t in ar_times]
+        for W in a.widths:
+            for L in a.lengths:
+                N = 1 + W * (L - 1)
+
+                def gen(timer=None, W=W, L=L, batches=batches):
+                    return [
+                        rx.generate(target, drafter, c, a.max_new_tokens, beam_width=W, beam_length=L, eos_id=eos,
+                                    timer=timer)
+                        for c in batches
+                    ]
+
+                timer = StageTimer()
+                first = gen(timer)  # correctness first (and the stage split)
+                got = [row for o in first for row in o.tokens]
+                if got != ar_tokens:
+                    print(f"MISMATCH at B={B} W={W} L={L}: ReDrafter output differs from AR", file=sys.stderr)
+                    return 1
+                steps = sum(sum(o.steps) for o in first)
+                nodes = sum(sum(o.nodes) for o in first)
+                rd_times = [timed(gen)[1] for _ in range(a.runs)]
+                rd_tps = [n_tok / t for t in rd_times]
+                split = timer.split()
+                row_steps = max(1, steps // B)  # batched steps: rows advance together
+                r = {
+                    "B": B, "W": W, "L": L, "N": N,
+                    "ar_tok_s": statistics.median(ar_tps), "ar_spread": f"{min(ar_tps):.1f}..{max(ar_tps):.1f}",
+                    "rd_tok_s": statistics.median(rd_tps), "rd_spread": f"{min(rd_tps):.1f}..{max(rd_tps):.1f}",
+                    "speedup": statistics.median(rd_tps) / statistics.median(ar_tps),
+                    "tokens_per_step": n_tok / max(1, steps), "nodes_per_step": nodes / max(1, steps),
+                    **{f"ms_{s}": 1e3 * split[s] / row_steps for s in STAGES},
+                }
+                rows.append(r)
+                print(" | ".join(f"{r[h]:.2f}" if isinstance(r[h], float) else str(r[h]) for h in header), flush=True)
+
+    with open(a.out / "e2e.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(rows)
+    best = max((r for r in rows if r["B"] == 1), key=lambda r: r["speedup"], default=None)
+    if best:
+        print(f"# best at batch 1: W={best['W']} L={best['L']}: {best['speedup']:.2f}x, "
+              f"{best['tokens_per_step']:.2f} tokens/step")
+    plot(rows, a.out / "e2e.png")
+    print(f"# wrote {a.out / 'e2e.csv'} and {a.out / 'e2e.png'}")
+    return 0
+
+
+def plot(rows, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("# matplotlib missing: no plot", file=sys.stderr)
+        return
+    batches = sorted({r["B"] for r in rows})
+    fig, axes = plt.subplots(2, len(batches), figsize=(5 * len(batches), 8), squeeze=False)
+    for j, B in enumerate(batches):
+        for W in sorted({r["W"] for r in rows}):
+            rs = sorted((r for r in rows if r["B"] == B and r["W"] == W), key=lambda r: r["L"])
+            axes[0][j].plot([r["L"] for r in rs], [r["speedup"] for r in rs], marker="o", label=f"W={W}")
+            axes[1][j].plot([r["L"] for r in rs], [r["tokens_per_step"] for r in rs], marker="o", label=f"W={W}")
+        axes[0][j].axhline(1.0, color="gray", lw=0.8)
+        axes[0][j].set(title=f"batch {B}: speedup over AR", xlabel="beam length L", ylabel="speedup")
+        axes[1][j].set(title=f"batch {B}: tokens per step", xlabel="beam length L", ylabel="tokens/step")
+        axes[0][j].legend()
+        axes[1][j].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
