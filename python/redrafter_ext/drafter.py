@@ -156,6 +156,7 @@ class Drafter(nn.Module):
     def from_pretrained(
         cls, folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
     ) -> Drafter:
+        """Load ``drafter_config.json`` + ``drafter.safetensors`` (dtype: the checkpoint's by default)."""
         from safetensors.torch import load_file
 
         folder = Path(folder)
@@ -164,8 +165,9 @@ class Drafter(nn.Module):
             raise FileNotFoundError(f"Drafter.from_pretrained: no {CONFIG_NAME} in {folder}")
         model = cls(DrafterConfig.load(cfg_path))
         state = load_file(str(folder / WEIGHTS_NAME))
+        # keep the checkpoint's dtype unless one is asked for
+        model = model.to(dtype=dtype or next(iter(state.values())).dtype)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"Drafter.from_pretrained: missing weights {missing}, unexpected {unexpected}")
-        model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device=device)
-        return model.eval()
+        return model.to(device=device).eval()
