@@ -93,7 +93,7 @@ def build_trie(beams: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     owner = cand.min(dim=2).values  # [B, W, L-1]
     is_new = owner == w_idx[None, :, None]
     new_flat = is_new.reshape(B, W * (L - 1)).to(torch.int32)
-    node_of_new = torch.cumsum(new_flat, dim=1) - new_flat + 1  # node id if the position is new
+    node_of_new = (torch.cumsum(new_flat, dim=1) - new_flat + 1).to(torch.int32)  # node id if new
     node_of_new = node_of_new.reshape(B, W, L - 1)
     # every position takes the node id assigned at its owner beam, same depth
     pos_node = torch.gather(node_of_new, 1, owner.to(torch.int64))  # [B, W, L-1]
