@@ -1,0 +1,190 @@
+// Fused beam-search step: log-softmax + running score + top-W over W*V + reorder by parent.
+//
+// Phase 1 (beam_topk_rows), one pass per (b, w) row of V logits, block by block: online max and
+// sum of exp(x - max) for the log-sum-exp, and the row's top-(W+1) logits kept in a sorted
+// insertion buffer (a block whose max does not beat the buffer's last entry is skipped after one
+// compare, so almost no element is touched twice). The candidate value is then computed exactly as
+// the reference does, f = score + ((x - max) - log(sum)); since f is monotone in x, the row's top-W
+// by (f desc, index asc) are the buffer's first W unless rounding made f of the W-th and the
+// (W+1)-th entries equal, in which case (rare) a second exact pass over the row decides.
+// Phase 2 (beam_topk_merge), per batch row: a W-way merge of the W sorted candidate lists under
+// the same order (flat index w*V+v breaks ties), then the gather of token history and state.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "cpu/kernels.h"
+#include "cpu/rows.h"
+
+namespace redrafter::cpu {
+namespace {
+
+using detail::ranks_before;
+
+// The reference's candidate value, operation for operation (no fused multiply-add possible).
+inline float candidate(float s, float x, float m, float logsum) { return s + ((x - m) - logsum); }
+
+}  // namespace
+
+template <typename T>
+void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, float* cand_score,
+                    int32_t* cand_token, int32_t* cand_count, int64_t row_begin, int64_t row_end) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const int64_t C = std::min(W, V);      // candidates a row contributes
+  const int64_t K = std::min(W + 1, V);  // fast-path buffer: one more, to detect a rounding tie
+  float buf[vec::kBlock];
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const T* row = logits + r * V;
+    const float s = scores[r];
+    float* bx = cand_score + r * (W + 1);
+    int32_t* bi = cand_token + r * (W + 1);
+    cand_count[r] = static_cast<int32_t>(C);
+
+    // pass 1: online log-sum-exp + top-K logits by (x desc, index asc)
+    float m = -kInf;
+    double sum = 0.0;
+    bool nan = false;
+    int64_t cnt = 0;
+    for (int64_t off = 0; off < V; off += vec::kBlock) {
+      const int64_t n = std::min(vec::kBlock, V - off);
+      const float* x = detail::load_block(row, off, n, buf);
+      const vec::BlockMax bm = vec::block_max(x, n);
+      if (bm.nan) {  // log_softmax of a row holding a NaN is NaN everywhere
+        nan = true;
+        break;
+      }
+      if (bm.max > m) {
+        sum = m == -kInf ? 0.0 : sum * std::exp(static_cast<double>(m) - static_cast<double>(bm.max));
+        m = bm.max;
+      }
+      if (m > -kInf) sum += vec::block_sum_exp(x, n, m);
+      if (cnt == K && !(bm.max > bx[K - 1])) continue;
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = x[j];
+        if (cnt == K && !(v > bx[K - 1])) continue;  // later index: an equal value loses
+        int64_t p = cnt < K ? cnt++ : K - 1;
+        while (p > 0 && bx[p - 1] < v) {
+          bx[p] = bx[p - 1];
+          bi[p] = bi[p - 1];
+          --p;
+        }
+        bx[p] = v;
+        bi[p] = static_cast<int32_t>(off + j);
+      }
+    }
+    const float logsum = static_cast<float>(std::log(sum));
+
+    // torch's log_softmax is NaN on the whole row when the row holds a NaN or +inf, or is all -inf;
+    // a -inf running score makes every candidate -inf. Then all candidates tie: first C indices.
+    const bool all_nan = nan || !(m > -kInf && m < kInf) || std::isnan(logsum) || std::isnan(s);
+    if (all_nan || s == -kInf) {
+      for (int64_t j = 0; j < C; ++j) {
+        bx[j] = all_nan ? kNaN : -kInf;
+        bi[j] = static_cast<int32_t>(j);
+      }
+      continue;
+    }
+    bool exact = s < kInf;  // s = +inf: inf + (-inf) = NaN for -inf logits, leave it to pass 2
+    if (exact) {
+      for (int64_t j = 0; j < K; ++j) bx[j] = candidate(s, bx[j], m, logsum);
+      exact = K == C || bx[C - 1] != bx[C];  // else the (W+1)-th may tie the W-th after rounding
+    }
+    if (exact) {
+      // equal f from different x (rounding) must be ordered by index, like the stable sort
+      for (int64_t j = 1; j < C; ++j) {
+        const float f = bx[j];
+        const int32_t i = bi[j];
+        int64_t p = j;
+        while (p > 0 && ranks_before(f, i, bx[p - 1], bi[p - 1])) {
+          bx[p] = bx[p - 1];
+          bi[p] = bi[p - 1];
+          --p;
+        }
+        bx[p] = f;
+        bi[p] = i;
+      }
+      continue;
+    }
+
+    // pass 2 (rare): exact top-C by (f, index) over the whole row
+    cnt = 0;
+    for (int64_t off = 0; off < V; off += vec::kBlock) {
+      const int64_t n = std::min(vec::kBlock, V - off);
+      const float* x = detail::load_block(row, off, n, buf);
+      for (int64_t j = 0; j < n; ++j) {
+        const float f = candidate(s, x[j], m, logsum);
+        const int64_t idx = off + j;
+        if (cnt == C && !ranks_before(f, idx, bx[C - 1], bi[C - 1])) continue;
+        int64_t p = cnt < C ? cnt++ : C - 1;
+        while (p > 0 && ranks_before(f, idx, bx[p - 1], bi[p - 1])) {
+          bx[p] = bx[p - 1];
+          bi[p] = bi[p - 1];
+          --p;
+        }
+        bx[p] = f;
+        bi[p] = static_cast<int32_t>(idx);
+      }
+    }
+  }
+}
+
+template <typename I>
+void beam_topk_merge(const float* cand_score, const int32_t* cand_token, const int32_t* cand_count,
+                     const I* tokens, const uint8_t* state, int64_t W, int64_t V, int64_t L, int64_t step,
+                     int64_t state_row_bytes, float* scores_out, int32_t* tokens_out, uint8_t* state_out,
+                     int32_t* parent_out, int32_t* heads, int64_t b_begin, int64_t b_end) {
+  for (int64_t b = b_begin; b < b_end; ++b) {
+    int32_t* head = heads + b * W;
+    std::fill(head, head + W, 0);
+    for (int64_t j = 0; j < W; ++j) {
+      int64_t best = -1;
+      float best_f = 0.0f;
+      int64_t best_flat = 0;
+      for (int64_t w = 0; w < W; ++w) {
+        const int64_t r = b * W + w;
+        if (head[w] >= cand_count[r]) continue;
+        const int64_t k = r * (W + 1) + head[w];
+        const float f = cand_score[k];
+        const int64_t flat = w * V + cand_token[k];
+        if (best < 0 || ranks_before(f, flat, best_f, best_flat)) {
+          best = w;
+          best_f = f;
+          best_flat = flat;
+        }
+      }
+      // W*min(W, V) >= W candidates exist, so best >= 0
+      const int64_t src = b * W + best;
+      const int64_t dst = b * W + j;
+      const int32_t token = cand_token[src * (W + 1) + head[best]];
+      ++head[best];
+      scores_out[dst] = best_f;
+      parent_out[dst] = static_cast<int32_t>(best);
+      const I* from = tokens + src * L;
+      int32_t* to = tokens_out + dst * L;
+      for (int64_t t = 0; t < L; ++t) to[t] = static_cast<int32_t>(from[t]);
+      to[step] = token;
+      if (state_row_bytes > 0) {
+        std::memcpy(state_out + dst * state_row_bytes, state + src * state_row_bytes,
+                    static_cast<size_t>(state_row_bytes));
+      }
+    }
+  }
+}
+
+#define RD_ROWS(T)                                                                                    \
+  template void beam_topk_rows<T>(const T*, const float*, int64_t, int64_t, float*, int32_t*, int32_t*, \
+                                  int64_t, int64_t);
+RD_ROWS(float)
+RD_ROWS(c10::Half)
+RD_ROWS(c10::BFloat16)
+#undef RD_ROWS
+#define RD_MERGE(I)                                                                                       \
+  template void beam_topk_merge<I>(const float*, const int32_t*, const int32_t*, const I*, const uint8_t*, \
+                                   int64_t, int64_t, int64_t, int64_t, int64_t, float*, int32_t*, uint8_t*, \
+                                   int32_t*, int32_t*, int64_t, int64_t);
+RD_MERGE(int32_t)
+RD_MERGE(int64_t)
+#undef RD_MERGE
+
+}  // namespace redrafter::cpu

@@ -1,0 +1,142 @@
+#include "cpu/vec.h"
+
+#include <cstring>
+#include <limits>
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define RD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define RD_CLONES
+#endif
+#if defined(__GNUC__)
+#define RD_INLINE inline __attribute__((always_inline))
+#else
+#define RD_INLINE inline
+#endif
+
+namespace redrafter::cpu::vec {
+namespace {
+
+// GCC/Clang vector extensions: 8 lanes, one AVX2 register (two SSE registers on the baseline).
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+RD_INLINE f8 load(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+RD_INLINE f8 splat(float x) { return f8{x, x, x, x, x, x, x, x}; }
+RD_INLINE f8 select(i8 mask, f8 a, f8 b) {  // mask lanes are 0 or -1
+  i8 ai, bi;
+  std::memcpy(&ai, &a, sizeof a);
+  std::memcpy(&bi, &b, sizeof b);
+  const i8 r = (ai & mask) | (bi & ~mask);
+  f8 out;
+  std::memcpy(&out, &r, sizeof out);
+  return out;
+}
+
+// exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-6 polynomial, ~1-2 ulp).
+// exp(-87) ~ 1.6e-38 stands in for smaller results, including exp(-inf): negligible in a sum that
+// contains exp(0) = 1. NaN propagates.
+RD_INLINE f8 exp_nonpositive(f8 x) {
+  x = select(x < splat(-87.0f), splat(-87.0f), x);
+  const f8 magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const f8 n = (x * splat(1.44269504088896341f) + magic) - magic;
+  f8 r = x - n * splat(0.693359375f);
+  r = r - n * splat(-2.12194440e-4f);
+  f8 p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  const f8 y = p * (r * r) + r + splat(1.0f);
+  const i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
+  f8 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+RD_INLINE float exp_nonpositive(float x) {
+  float lanes[8] = {x, 0, 0, 0, 0, 0, 0, 0};
+  const f8 v = exp_nonpositive(load(lanes));
+  return v[0];
+}
+
+}  // namespace
+
+RD_CLONES BlockMax block_max(const float* x, int64_t n) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  f8 m0 = splat(ninf), m1 = splat(ninf);
+  i8 nan0 = i8{}, nan1 = i8{};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const f8 a = load(x + i), b = load(x + i + 8);
+    m0 = select(a > m0, a, m0);  // NaN compares false: ignored here, flagged below
+    m1 = select(b > m1, b, m1);
+    nan0 |= (a != a);
+    nan1 |= (b != b);
+  }
+  m0 = select(m1 > m0, m1, m0);
+  nan0 |= nan1;
+  float m = ninf;
+  bool nan = false;
+  for (int k = 0; k < 8; ++k) {
+    m = m0[k] > m ? m0[k] : m;
+    nan = nan || nan0[k] != 0;
+  }
+  for (; i < n; ++i) {
+    m = x[i] > m ? x[i] : m;
+    nan = nan || x[i] != x[i];
+  }
+  return {m, nan};
+}
+
+RD_CLONES double block_sum_exp(const float* x, int64_t n, float m) {
+  const f8 mv = splat(m);
+  f8 s0 = splat(0.0f), s1 = splat(0.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 += exp_nonpositive(load(x + i) - mv);
+    s1 += exp_nonpositive(load(x + i + 8) - mv);
+  }
+  s0 += s1;
+  double s = 0.0;
+  for (int k = 0; k < 8; ++k) s += s0[k];
+  for (; i < n; ++i) s += exp_nonpositive(x[i] - m);
+  return s;
+}
+
+// IEEE half -> float without F16C and without denormal float arithmetic (so flush-to-zero modes
+// cannot change the result): normals and subnormals by exponent rebias / magic subtraction.
+RD_CLONES void half_to_float(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t w = static_cast<uint32_t>(src[i]) << 16;
+    const uint32_t sign = w & 0x80000000u;
+    const uint32_t two_w = w + w;
+    uint32_t nb = (two_w >> 4) + (0xE0u << 23);
+    float normal;
+    std::memcpy(&normal, &nb, 4);
+    normal *= 0x1.0p-112f;
+    uint32_t db = (two_w >> 17) | (126u << 23);
+    float denormal;
+    std::memcpy(&denormal, &db, 4);
+    denormal -= 0.5f;
+    uint32_t nbits, dbits;
+    std::memcpy(&nbits, &normal, 4);
+    std::memcpy(&dbits, &denormal, 4);
+    const uint32_t out = sign | (two_w < (1u << 27) ? dbits : nbits);
+    std::memcpy(dst + i, &out, 4);
+  }
+}
+
+RD_CLONES void bfloat16_to_float(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &bits, 4);
+  }
+}
+
+}  // namespace redrafter::cpu::vec
