@@ -208,11 +208,14 @@ def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Te
     base = cache_len.to(torch.int64)
     path = path_nodes.to(torch.int64)
     valid = i[None, :] <= acc[:, None]  # [B, L]
+    torch._assert_async(((acc >= -1) & (acc < L)).all(), "kv_compact: accept_len must be in [-1, L-1]")
+    torch._assert_async(((base >= 0) & (base <= S)).all(), "kv_compact: cache_len must be in [0, S] (kv.shape[4])")
     torch._assert_async(
         (~valid | (path >= i[None, :])).all(), "kv_compact: path_nodes must satisfy path_nodes[b, i] >= i"
     )
+    # inactive rows (accept_len == -1) copy nothing, so a full cache (cache_len == S) is fine there
     torch._assert_async(
-        (base + torch.where(valid, path, 0).amax(dim=1) < S).all(),
+        ((acc < 0) | (base + torch.where(valid, path, 0).amax(dim=1) < S)).all(),
         "kv_compact: cache_len + path_nodes exceeds the cache length S (kv.shape[4])",
     )
     # rewrite a window of L distinct slots per row (shifted inside the cache near its end), so the
