@@ -1,12 +1,15 @@
 // Fused beam-search step: log-softmax + running score + top-W over W*V + reorder by parent.
 //
 // Phase 1 (beam_topk_rows), one pass per (b, w) row of V logits, block by block: online max and
-// sum of exp(x - max) for the log-sum-exp, and the row's top-(W+1) logits kept in a sorted
-// insertion buffer (a block whose max does not beat the buffer's last entry is skipped after one
-// compare, so almost no element is touched twice). The candidate value is then computed exactly as
-// the reference does, f = score + ((x - max) - log(sum)); since f is monotone in x, the row's top-W
-// by (f desc, index asc) are the buffer's first W unless rounding made f of the W-th and the
-// (W+1)-th entries equal, in which case (rare) a second exact pass over the row decides.
+// sum of exp(x - max) for the log-sum-exp, and the row's top-(W+8) logits by (x desc, index
+// asc) kept in a sorted insertion buffer (a block whose max does not beat the buffer's last entry
+// is skipped after one compare, and inside a block a vector scan jumps to the next value above it).
+// The candidate value is then computed exactly as the reference does,
+// f = score + ((x - max) - log(sum)). f is monotone in x, but rounding can make f equal for
+// different x, and the reference orders equal f by index. So the row's top-W by (f desc, index
+// asc) lie among the buffer entries before the first one whose f is below the W-th's: those are
+// re-sorted by (f, index). When no buffered f is below the W-th's (ties of more than 8
+// entries, or an infinite score), an exact second pass over the row decides (rare).
 // Phase 2 (beam_topk_merge), per batch row: a W-way merge of the W sorted candidate lists under
 // the same order (flat index w*V+v breaks ties), then the gather of token history and state.
 #include <algorithm>
@@ -21,6 +24,7 @@ namespace {
 
 using detail::ranks_before;
 
+
 // The reference's candidate value, operation for operation (no fused multiply-add possible).
 inline float candidate(float s, float x, float m, float logsum) { return s + ((x - m) - logsum); }
 
@@ -32,13 +36,16 @@ void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, 
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const float kNaN = std::numeric_limits<float>::quiet_NaN();
   const int64_t C = std::min(W, V);      // candidates a row contributes
-  const int64_t K = std::min(W + 1, V);  // fast-path buffer: one more, to detect a rounding tie
+  // the buffer holds S - W extra logits: they absorb exact ties (common in bf16/fp16) and rounding
+  // ties at the W-th candidate without a second pass
+  const int64_t S = beam_topk_stride(W);
+  const int64_t K = std::min(S, V);
   float buf[vec::kBlock];
   for (int64_t r = row_begin; r < row_end; ++r) {
     const T* row = logits + r * V;
     const float s = scores[r];
-    float* bx = cand_score + r * (W + 1);
-    int32_t* bi = cand_token + r * (W + 1);
+    float* bx = cand_score + r * S;
+    int32_t* bi = cand_token + r * S;
     cand_count[r] = static_cast<int32_t>(C);
 
     // pass 1: online log-sum-exp + top-K logits by (x desc, index asc)
@@ -61,8 +68,11 @@ void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, 
       if (m > -kInf) sum += vec::block_sum_exp(x, n, m);
       if (cnt == K && !(bm.max > bx[K - 1])) continue;
       for (int64_t j = 0; j < n; ++j) {
+        if (cnt == K) {  // skip to the next value above the buffer's last (an equal value loses)
+          j += vec::first_above(x + j, n - j, bx[K - 1]);
+          if (j == n) break;
+        }
         const float v = x[j];
-        if (cnt == K && !(v > bx[K - 1])) continue;  // later index: an equal value loses
         int64_t p = cnt < K ? cnt++ : K - 1;
         while (p > 0 && bx[p - 1] < v) {
           bx[p] = bx[p - 1];
@@ -85,14 +95,17 @@ void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, 
       }
       continue;
     }
-    bool exact = s < kInf;  // s = +inf: inf + (-inf) = NaN for -inf logits, leave it to pass 2
-    if (exact) {
-      for (int64_t j = 0; j < K; ++j) bx[j] = candidate(s, bx[j], m, logsum);
-      exact = K == C || bx[C - 1] != bx[C];  // else the (W+1)-th may tie the W-th after rounding
+    // s = +inf: inf + (-inf) = NaN for -inf logits, leave it to pass 2
+    int64_t keep = 0;  // the row's top-C are among the first `keep` buffered entries
+    if (s < kInf) {
+      for (int64_t j = 0; j < cnt; ++j) bx[j] = candidate(s, bx[j], m, logsum);
+      keep = C;
+      while (keep < cnt && bx[keep] == bx[C - 1]) ++keep;
+      if (keep == cnt && cnt < V) keep = 0;  // an unbuffered value may still tie the C-th
     }
-    if (exact) {
+    if (keep > 0) {
       // equal f from different x (rounding) must be ordered by index, like the stable sort
-      for (int64_t j = 1; j < C; ++j) {
+      for (int64_t j = 1; j < keep; ++j) {
         const float f = bx[j];
         const int32_t i = bi[j];
         int64_t p = j;
@@ -134,6 +147,7 @@ void beam_topk_merge(const float* cand_score, const int32_t* cand_token, const i
                      const I* tokens, const uint8_t* state, int64_t W, int64_t V, int64_t L, int64_t step,
                      int64_t state_row_bytes, float* scores_out, int32_t* tokens_out, uint8_t* state_out,
                      int32_t* parent_out, int32_t* heads, int64_t b_begin, int64_t b_end) {
+  const int64_t S = beam_topk_stride(W);
   for (int64_t b = b_begin; b < b_end; ++b) {
     int32_t* head = heads + b * W;
     std::fill(head, head + W, 0);
@@ -144,7 +158,7 @@ void beam_topk_merge(const float* cand_score, const int32_t* cand_token, const i
       for (int64_t w = 0; w < W; ++w) {
         const int64_t r = b * W + w;
         if (head[w] >= cand_count[r]) continue;
-        const int64_t k = r * (W + 1) + head[w];
+        const int64_t k = r * S + head[w];
         const float f = cand_score[k];
         const int64_t flat = w * V + cand_token[k];
         if (best < 0 || ranks_before(f, flat, best_f, best_flat)) {
@@ -156,7 +170,7 @@ void beam_topk_merge(const float* cand_score, const int32_t* cand_token, const i
       // W*min(W, V) >= W candidates exist, so best >= 0
       const int64_t src = b * W + best;
       const int64_t dst = b * W + j;
-      const int32_t token = cand_token[src * (W + 1) + head[best]];
+      const int32_t token = cand_token[src * S + head[best]];
       ++head[best];
       scores_out[dst] = best_f;
       parent_out[dst] = static_cast<int32_t>(best);

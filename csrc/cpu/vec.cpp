@@ -109,26 +109,64 @@ RD_CLONES double block_sum_exp(const float* x, int64_t n, float m) {
   return s;
 }
 
+RD_CLONES int64_t first_above(const float* x, int64_t n, float t) {
+  const f8 tv = splat(t);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const i8 m = (load(x + i) > tv) | (load(x + i + 8) > tv);
+    uint64_t w[4];
+    std::memcpy(w, &m, sizeof w);
+    if ((w[0] | w[1] | w[2] | w[3]) != 0) break;
+  }
+  for (; i < n; ++i) {
+    if (x[i] > t) return i;
+  }
+  return n;
+}
+
 // IEEE half -> float without F16C and without denormal float arithmetic (so flush-to-zero modes
-// cannot change the result): normals and subnormals by exponent rebias / magic subtraction.
+// cannot change the result): normals by exponent rebias and a multiply, subnormals by a magic
+// subtraction (the scheme of FP16/c10's fp16_ieee_to_fp32_value), 8 lanes at a time.
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u8x32 __attribute__((vector_size(32)));
+
+RD_INLINE f8 half8_to_float(u16x8 h) {
+  const u8x32 w = __builtin_convertvector(h, u8x32) << 16;
+  const u8x32 sign = w & 0x80000000u;
+  const u8x32 two_w = w + w;
+  const u8x32 nb = (two_w >> 4) + (0xE0u << 23);
+  f8 normal;
+  std::memcpy(&normal, &nb, sizeof normal);
+  normal *= splat(0x1.0p-112f);
+  const u8x32 db = (two_w >> 17) | (126u << 23);
+  f8 denormal;
+  std::memcpy(&denormal, &db, sizeof denormal);
+  denormal -= splat(0.5f);
+  u8x32 nbits, dbits;
+  std::memcpy(&nbits, &normal, sizeof nbits);
+  std::memcpy(&dbits, &denormal, sizeof dbits);
+  const u8x32 is_denormal = reinterpret_cast<u8x32>(two_w < (1u << 27));  // lanes 0 or ~0
+  const u8x32 out = sign | (dbits & is_denormal) | (nbits & ~is_denormal);
+  f8 f;
+  std::memcpy(&f, &out, sizeof f);
+  return f;
+}
+
 RD_CLONES void half_to_float(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t w = static_cast<uint32_t>(src[i]) << 16;
-    const uint32_t sign = w & 0x80000000u;
-    const uint32_t two_w = w + w;
-    uint32_t nb = (two_w >> 4) + (0xE0u << 23);
-    float normal;
-    std::memcpy(&normal, &nb, 4);
-    normal *= 0x1.0p-112f;
-    uint32_t db = (two_w >> 17) | (126u << 23);
-    float denormal;
-    std::memcpy(&denormal, &db, 4);
-    denormal -= 0.5f;
-    uint32_t nbits, dbits;
-    std::memcpy(&nbits, &normal, 4);
-    std::memcpy(&dbits, &denormal, 4);
-    const uint32_t out = sign | (two_w < (1u << 27) ? dbits : nbits);
-    std::memcpy(dst + i, &out, 4);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    u16x8 h;
+    std::memcpy(&h, src + i, sizeof h);
+    const f8 f = half8_to_float(h);
+    std::memcpy(dst + i, &f, sizeof f);
+  }
+  if (i < n) {
+    uint16_t tail[8] = {};
+    std::memcpy(tail, src + i, static_cast<size_t>(n - i) * sizeof(uint16_t));
+    u16x8 h;
+    std::memcpy(&h, tail, sizeof h);
+    const f8 f = half8_to_float(h);
+    std::memcpy(dst + i, &f, static_cast<size_t>(n - i) * sizeof(float));
   }
 }
 

@@ -209,9 +209,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const a
   at::Tensor tokens_out = at::empty({B, W, L}, i32);
   at::Tensor state_out = at::empty({B, W, D}, state.options());
   at::Tensor parent_out = at::empty({B, W}, i32);
-  // working space: each row's sorted candidates (+1 slot), their count, merge heads
-  at::Tensor cand_score = at::empty({B * W, W + 1}, f32);
-  at::Tensor cand_token = at::empty({B * W, W + 1}, i32);
+  // working space: each row's sorted candidates (+ slack), their count, merge heads
+  at::Tensor cand_score = at::empty({B * W, cpu::beam_topk_stride(W)}, f32);
+  at::Tensor cand_token = at::empty({B * W, cpu::beam_topk_stride(W)}, i32);
   at::Tensor cand_count = at::empty({B * W}, i32);
   at::Tensor heads = at::empty({B, W}, i32);
 
