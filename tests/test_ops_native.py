@@ -525,3 +525,17 @@ def test_meta_tensors_trace():
     out = ops.verify_greedy(torch.zeros(3, 20, 7, device=META), *(torch.zeros(3, 4, 5, dtype=torch.int32, device=META),) * 2)
     assert [tuple(o.shape) for o in out] == [(3,), (3,), (3, 5), (3,)]
     assert math.prod(out[2].shape) == 15
+
+
+def test_mixed_index_dtypes_are_not_truncated():
+    # an int64 value that would wrap to a valid int32 must still be rejected
+    big = 2**32
+    beams = torch.randint(0, 3, (1, 2, 3), dtype=torch.int32, generator=gen(40))
+    beam_node = ref.build_trie(beams)[3].to(torch.int64)
+    with pytest.raises(ValueError, match=r"verify_greedy: beam_node\[0, 1, 2\]"):
+        ops.verify_greedy(torch.randn(1, 5, 4), beams, setv(beam_node, (0, 1, 2), big + 1))
+    kv, cache_len, path, acc = kv_inputs(1, 2, 1, 12, 2, 3, torch.float32, seed=41, idx=torch.int32)
+    with pytest.raises(ValueError, match=r"kv_compact: accept_len\[0\]"):
+        ops.kv_compact(kv, cache_len, path, setv(acc.to(torch.int64), 0, big))
+    with pytest.raises(ValueError, match=r"tree_mask: num_nodes\[0\]"):
+        ops.tree_mask(torch.tensor([[-1, 0]], dtype=torch.int32), torch.tensor([big + 2]))

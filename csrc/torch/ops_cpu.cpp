@@ -138,6 +138,12 @@ void dispatch_float(at::ScalarType t, const char* op, F&& f) {
 
 constexpr int64_t kMaxToken = std::numeric_limits<int32_t>::max();
 
+// One index type for two index inputs (one template instantiation per call): int64 when either is,
+// so that no value is truncated before it is range-checked.
+at::ScalarType common_index_type(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kLong || b.scalar_type() == at::kLong ? at::kLong : at::kInt;
+}
+
 template <typename I>
 void check_tree_values(const I* parent, const I* num_nodes, int64_t B, int64_t N) {
   for (int64_t b = 0; b < B; ++b) {
@@ -154,9 +160,8 @@ void check_tree_values(const I* parent, const I* num_nodes, int64_t B, int64_t N
 at::Tensor tree_mask_cpu(const at::Tensor& node_parent_in, const at::Tensor& num_nodes_in, bool packed) {
   check_tree_mask_inputs(node_parent_in, num_nodes_in);
   TORCH_CHECK_VALUE(node_parent_in.is_cpu(), "tree_mask: node_parent must be a CPU tensor for the CPU kernel");
-  // one index type for both inputs keeps a single template instantiation per call
-  const auto idx = node_parent_in.scalar_type();
-  const at::Tensor node_parent = node_parent_in.contiguous();
+  const auto idx = common_index_type(node_parent_in, num_nodes_in);
+  const at::Tensor node_parent = node_parent_in.to(idx).contiguous();
   const at::Tensor num_nodes = num_nodes_in.to(idx).contiguous();
   const int64_t B = node_parent.size(0), N = node_parent.size(1);
   at::Tensor out = packed ? at::empty({B, N, (N + 31) / 32}, node_parent.options().dtype(at::kInt))
@@ -286,8 +291,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(con
   check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "verify_greedy: logits must be a CPU tensor for the CPU kernel");
   const at::Tensor logits = logits_in.contiguous();
-  const at::Tensor beams = beams_in.contiguous();
-  const at::Tensor beam_node = beam_node_in.to(beams.scalar_type()).contiguous();
+  const auto idx = common_index_type(beams_in, beam_node_in);
+  const at::Tensor beams = beams_in.to(idx).contiguous();
+  const at::Tensor beam_node = beam_node_in.to(idx).contiguous();
   const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
   const int64_t NL = logits.size(1), V = logits.size(2);
   const auto i32 = logits.options().dtype(at::kInt);
@@ -296,7 +302,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(con
   at::Tensor path_nodes = at::empty({B, L}, i32);
   at::Tensor next_token = at::empty({B}, i32);
   at::Tensor target = at::empty({B, NL}, i32);  // per-node argmax cache
-  AT_DISPATCH_INDEX_TYPES(beams.scalar_type(), "verify_greedy", [&] {
+  AT_DISPATCH_INDEX_TYPES(idx, "verify_greedy", [&] {
     const index_t* bm = beams.const_data_ptr<index_t>();
     const index_t* bn = beam_node.const_data_ptr<index_t>();
     check_token_ids("verify_greedy", "beams", bm, B, W, L);
@@ -327,8 +333,8 @@ void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at:
                     const at::Tensor& accept_len_in) {
   check_kv_compact_inputs(kv, cache_len, path_nodes_in, accept_len_in);
   TORCH_CHECK_VALUE(kv.is_cpu(), "kv_compact: kv must be a CPU tensor for the CPU kernel");
-  const auto idx = path_nodes_in.scalar_type();
-  const at::Tensor path_nodes = path_nodes_in.contiguous();
+  const auto idx = common_index_type(path_nodes_in, accept_len_in);
+  const at::Tensor path_nodes = path_nodes_in.to(idx).contiguous();
   const at::Tensor accept_len = accept_len_in.to(idx).contiguous();
   const at::Tensor lens = cache_len.contiguous();  // cache_len itself when contiguous
   const int64_t B = kv.size(2), H = kv.size(3), S = kv.size(4), L = path_nodes.size(1);
