@@ -2,8 +2,9 @@
 //
 // Phase 1 (beam_topk_rows), one pass per (b, w) row of V logits, block by block: online max and
 // sum of exp(x - max) for the log-sum-exp, and the row's top-(W+8) logits by (x desc, index
-// asc) kept in a sorted insertion buffer (a block whose max does not beat the buffer's last entry
-// is skipped after one compare, and inside a block a vector scan jumps to the next value above it).
+// asc): values above a running threshold go to a pool that is cut back to the best W+8 with
+// nth_element whenever it doubles (a block whose max does not beat the threshold is skipped after
+// one compare; inside a block a vector scan collects the values above it). No sort of V.
 // The candidate value is then computed exactly as the reference does,
 // f = score + ((x - max) - log(sum)). f is monotone in x, but rounding can make f equal for
 // different x, and the reference orders equal f by index. So the row's top-W by (f desc, index
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "cpu/rows.h"
@@ -24,6 +26,13 @@ namespace {
 
 using detail::ranks_before;
 
+
+// A buffered logit and its index, ordered by (x desc, index asc); never NaN (NaN rows stop early).
+struct Cand {
+  float x;
+  int32_t i;
+};
+inline bool before(const Cand& a, const Cand& b) { return a.x > b.x || (a.x == b.x && a.i < b.i); }
 
 // The reference's candidate value, operation for operation (no fused multiply-add possible).
 inline float candidate(float s, float x, float m, float logsum) { return s + ((x - m) - logsum); }
@@ -41,6 +50,10 @@ void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, 
   const int64_t S = beam_topk_stride(W);
   const int64_t K = std::min(S, V);
   float buf[vec::kBlock];
+  int32_t hits[vec::kBlock];
+  // candidate pool: < 2K entries before a block appends at most kBlock; allocated once per call
+  std::vector<Cand> pool_storage(static_cast<size_t>(2 * K + vec::kBlock));
+  Cand* pool = pool_storage.data();
   for (int64_t r = row_begin; r < row_end; ++r) {
     const T* row = logits + r * V;
     const float s = scores[r];
@@ -48,11 +61,16 @@ void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, 
     int32_t* bi = cand_token + r * S;
     cand_count[r] = static_cast<int32_t>(C);
 
-    // pass 1: online log-sum-exp + top-K logits by (x desc, index asc)
+    // pass 1: online log-sum-exp + top-K logits by (x desc, index asc). Candidates above the
+    // threshold (the K-th best so far) are appended to `pool`; when it holds 2K they are cut back to
+    // the K best (nth_element), which raises the threshold. An equal value has a later index and
+    // loses, so only values strictly above the threshold are kept.
     float m = -kInf;
     double sum = 0.0;
     bool nan = false;
-    int64_t cnt = 0;
+    bool full = false;  // pool has been cut to K entries: thr is the K-th best so far
+    float thr = -kInf;
+    int64_t n_pool = 0;
     for (int64_t off = 0; off < V; off += vec::kBlock) {
       const int64_t n = std::min(vec::kBlock, V - off);
       const float* x = detail::load_block(row, off, n, buf);
@@ -66,21 +84,32 @@ void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, 
         m = bm.max;
       }
       if (m > -kInf) sum += vec::block_sum_exp(x, n, m);
-      if (cnt == K && !(bm.max > bx[K - 1])) continue;
-      for (int64_t j = 0; j < n; ++j) {
-        if (cnt == K) {  // skip to the next value above the buffer's last (an equal value loses)
-          j += vec::first_above(x + j, n - j, bx[K - 1]);
-          if (j == n) break;
-        }
-        const float v = x[j];
-        int64_t p = cnt < K ? cnt++ : K - 1;
-        while (p > 0 && bx[p - 1] < v) {
-          bx[p] = bx[p - 1];
-          bi[p] = bi[p - 1];
-          --p;
-        }
-        bx[p] = v;
-        bi[p] = static_cast<int32_t>(off + j);
+      int64_t j = 0;
+      if (!full) {  // the first K values of the row are taken as they come
+        for (; j < n && n_pool < K; ++j) pool[n_pool++] = {x[j], static_cast<int32_t>(off + j)};
+        if (n_pool < K) continue;
+        thr = std::max_element(pool, pool + K, before)->x;  // the entry ranked last
+        full = true;
+      }
+      if (!(bm.max > thr)) continue;
+      const int64_t c = vec::collect_above(x + j, n - j, thr, hits);
+      for (int64_t k = 0; k < c; ++k) {
+        const int64_t at = j + hits[k];
+        pool[n_pool++] = {x[at], static_cast<int32_t>(off + at)};
+      }
+      if (n_pool >= 2 * K) {
+        std::nth_element(pool, pool + (K - 1), pool + n_pool, before);
+        n_pool = K;
+        thr = pool[K - 1].x;
+      }
+    }
+    const int64_t cnt = std::min(n_pool, K);  // K, or V when the row is shorter
+    if (!nan) {
+      if (n_pool > K) std::nth_element(pool, pool + (K - 1), pool + n_pool, before);
+      std::sort(pool, pool + cnt, before);
+      for (int64_t j = 0; j < cnt; ++j) {
+        bx[j] = pool[j].x;
+        bi[j] = pool[j].i;
       }
     }
     const float logsum = static_cast<float>(std::log(sum));
@@ -121,15 +150,15 @@ void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, 
     }
 
     // pass 2 (rare): exact top-C by (f, index) over the whole row
-    cnt = 0;
+    int64_t n2 = 0;
     for (int64_t off = 0; off < V; off += vec::kBlock) {
       const int64_t n = std::min(vec::kBlock, V - off);
       const float* x = detail::load_block(row, off, n, buf);
       for (int64_t j = 0; j < n; ++j) {
         const float f = candidate(s, x[j], m, logsum);
         const int64_t idx = off + j;
-        if (cnt == C && !ranks_before(f, idx, bx[C - 1], bi[C - 1])) continue;
-        int64_t p = cnt < C ? cnt++ : C - 1;
+        if (n2 == C && !ranks_before(f, idx, bx[C - 1], bi[C - 1])) continue;
+        int64_t p = n2 < C ? n2++ : C - 1;
         while (p > 0 && ranks_before(f, idx, bx[p - 1], bi[p - 1])) {
           bx[p] = bx[p - 1];
           bi[p] = bi[p - 1];

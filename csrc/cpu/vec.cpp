@@ -109,19 +109,22 @@ RD_CLONES double block_sum_exp(const float* x, int64_t n, float m) {
   return s;
 }
 
-RD_CLONES int64_t first_above(const float* x, int64_t n, float t) {
+RD_CLONES int64_t collect_above(const float* x, int64_t n, float t, int32_t* idx) {
   const f8 tv = splat(t);
-  int64_t i = 0;
+  int64_t c = 0, i = 0;
   for (; i + 16 <= n; i += 16) {
     const i8 m = (load(x + i) > tv) | (load(x + i + 8) > tv);
     uint64_t w[4];
     std::memcpy(w, &m, sizeof w);
-    if ((w[0] | w[1] | w[2] | w[3]) != 0) break;
+    if ((w[0] | w[1] | w[2] | w[3]) == 0) continue;
+    for (int64_t k = i; k < i + 16; ++k) {
+      if (x[k] > t) idx[c++] = static_cast<int32_t>(k);
+    }
   }
   for (; i < n; ++i) {
-    if (x[i] > t) return i;
+    if (x[i] > t) idx[c++] = static_cast<int32_t>(i);
   }
-  return n;
+  return c;
 }
 
 // IEEE half -> float without F16C and without denormal float arithmetic (so flush-to-zero modes

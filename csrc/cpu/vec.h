@@ -20,8 +20,9 @@ BlockMax block_max(const float* x, int64_t n);
 // or NaN (which propagates). Relative error of one term ~2 ulp.
 double block_sum_exp(const float* x, int64_t n, float m);
 
-// Index of the first x[j] > t, j in [0, n), or n when there is none (NaN is never above).
-int64_t first_above(const float* x, int64_t n, float t);
+// Writes the indices j in [0, n) with x[j] > t, ascending, to idx; returns their count
+// (NaN is never above).
+int64_t collect_above(const float* x, int64_t n, float t, int32_t* idx);
 
 void half_to_float(const uint16_t* src, float* dst, int64_t n);
 void bfloat16_to_float(const uint16_t* src, float* dst, int64_t n);
