@@ -52,7 +52,14 @@ def beam_topk(
     """
     check_beam_topk(logits, scores, tokens, state, step)
     B, W, V = logits.shape
-    cand = scores.float()[:, :, None] + torch.log_softmax(logits.float(), dim=-1)  # [B, W, V]
+    # log_softmax written out: torch.log_softmax's fused CPU kernel accumulates the row sum in float
+    # lanes (error ~2e-5 at V=128256), enough to reorder candidates of different beams that are
+    # that close; torch.sum reduces pairwise (error ~1e-7), so the order is the float64 order up to
+    # rounding. NaN/inf behave as in log_softmax (a row with NaN or +inf, or all -inf, is all NaN).
+    x = logits.float()
+    shifted = x - x.amax(dim=-1, keepdim=True)
+    logsum = torch.log(torch.exp(shifted).sum(dim=-1, keepdim=True))
+    cand = scores.float()[:, :, None] + (shifted - logsum)  # [B, W, V]
     # a stable descending sort keeps equal candidates in flat-index order: the documented tie rule
     order = torch.sort(cand.reshape(B, W * V), dim=-1, descending=True, stable=True).indices
     top = order[:, :W]  # [B, W]
