@@ -16,13 +16,13 @@ then gets as many as fit, at least 3, and the run count column says so.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
-
 from redrafter_ext import ops
 from redrafter_ext import reference as ref
 
@@ -66,9 +66,10 @@ class Bench:
         self.runs, self.ref_budget = runs, ref_budget
         self.rows: list[tuple[str, float]] = []
 
-    def line(self, op, shape, ref_fn, native_fn, setup=None, nbytes=None):
-        r = timed(ref_fn, setup, self.runs, self.ref_budget)
-        n = timed(native_fn, setup, self.runs, float("inf"))
+    def line(self, op, shape, args, setup=None, nbytes=None):
+        """Time ``reference.<op>(*args)`` and ``ops.<op>(*args)``."""
+        r = timed(lambda: getattr(ref, op)(*args), setup, self.runs, self.ref_budget)
+        n = timed(lambda: getattr(ops, op)(*args), setup, self.runs, float("inf"))
         (rm, ri), (nm, ni) = stats(r), stats(n)
         gbs = f"{nbytes / (nm * 1e-3) / 1e9:6.1f}" if nbytes else f"{'':>6}"
         print(
@@ -105,7 +106,7 @@ def bench_tree_mask(bench, grid, g):
         shape = f"B={B} W={W} L={L} N={parent.shape[1]}"
         if not torch.equal(ops.tree_mask(parent, n), ref.tree_mask(parent, n)):
             fail("tree_mask", shape, "mask")
-        bench.line("tree_mask", shape, lambda: ref.tree_mask(parent, n), lambda: ops.tree_mask(parent, n))
+        bench.line("tree_mask", shape, (parent, n))
 
 
 def bench_beam_topk(bench, grid, D, dtype, g):
@@ -122,10 +123,7 @@ def bench_beam_topk(bench, grid, D, dtype, g):
             fail("beam_topk", shape, "parent/tokens/state")
         if not torch.allclose(got[0], exp[0], atol=1e-4, rtol=1e-6):
             fail("beam_topk", shape, "scores")
-        bench.line(
-            "beam_topk", shape, lambda: ref.beam_topk(*args), lambda: ops.beam_topk(*args),
-            nbytes=logits.numel() * logits.element_size(),
-        )
+        bench.line("beam_topk", shape, args, nbytes=logits.numel() * logits.element_size())
 
 
 def bench_build_trie(bench, grid, g):
@@ -134,7 +132,7 @@ def bench_build_trie(bench, grid, g):
         shape = f"B={B} W={W} L={L}"
         if not all(torch.equal(a, b) for a, b in zip(ops.build_trie(beams), ref.build_trie(beams), strict=True)):
             fail("build_trie", shape, "trie")
-        bench.line("build_trie", shape, lambda: ref.build_trie(beams), lambda: ops.build_trie(beams))
+        bench.line("build_trie", shape, (beams,))
 
 
 def plant_argmax(logits, beams, beam_node, follow, g):
@@ -170,10 +168,7 @@ def bench_verify_greedy(bench, grid, dtype, g):
         shape = f"B={B} W={W} L={L} V={V} {str(dtype)[6:]} acc={exp[0].float().mean():.1f}"
         if not all(torch.equal(a, b) for a, b in zip(got, exp, strict=True)):
             fail("verify_greedy", shape, "accept/path")
-        bench.line(
-            "verify_greedy", shape,
-            lambda: ref.verify_greedy(logits, beams, beam_node), lambda: ops.verify_greedy(logits, beams, beam_node),
-        )
+        bench.line("verify_greedy", shape, (logits, beams, beam_node))
         logits[planted[:, 0], planted[:, 1], planted[:, 2]] = 0.5  # un-plant for the next shape
 
 
@@ -204,11 +199,8 @@ def bench_kv_compact(bench, grid, n_layers, H, S, D, W, g):
         del k1, k2
         moved = sum(int((path[b, : acc[b] + 1] != torch.arange(acc[b] + 1)).sum()) for b in range(B))
         nbytes = 2 * n_layers * 2 * H * D * kv.element_size() * moved  # read + write
-        bench.line(
-            "kv_compact", shape,
-            lambda: ref.kv_compact(kv, cache_len, path, acc), lambda: ops.kv_compact(kv, cache_len, path, acc),
-            setup=lambda: cache_len.copy_(cache0), nbytes=nbytes,
-        )
+        setup = functools.partial(cache_len.copy_, cache0)  # each call advances cache_len
+        bench.line("kv_compact", shape, (kv, cache_len, path, acc), setup=setup, nbytes=nbytes)
         del kv
 
 

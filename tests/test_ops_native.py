@@ -11,11 +11,10 @@ import itertools
 import math
 
 import pytest
+import redrafter_ext.ops as ops
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import redrafter_ext.ops as ops
 from redrafter_ext import reference as ref
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -121,6 +120,7 @@ def test_beam_topk_nonfinite():
     B, W, V, L = 2, 8, 3, 3
     # step 1 with V < W: only V finite candidates, the rest -inf in flat-index order
     check_beam_topk(beam_inputs(B, W, V, L, 2, torch.float32, 1, seed=3))
+    check_beam_topk(beam_inputs(B, W, V, L, 2, torch.bfloat16, 2, seed=3))  # V < W, all beams live
     # masked vocabulary (-inf logits), a NaN row, an all -inf row, a +inf logit
     logits, scores, tokens, state, _ = beam_inputs(4, 4, 20, 4, 3, torch.float32, 2, seed=4)
     logits[0, :, ::2] = float("-inf")
@@ -272,8 +272,13 @@ def test_verify_greedy_argmax_ties(dtype):
 
 @pytest.mark.parametrize(
     "B,W,L,V,dtype",
-    [(1, 8, 5, 32000, torch.float32), (3, 2, 8, 32000, torch.bfloat16), (1, 8, 8, 128256, torch.float16),
-     (7, 64, 2, 111, torch.float32), (1, 64, 5, 111, torch.bfloat16)],
+    [
+        (1, 8, 5, 32000, torch.float32),
+        (3, 2, 8, 32000, torch.bfloat16),
+        (1, 8, 8, 128256, torch.float16),
+        (7, 64, 2, 111, torch.float32),
+        (1, 64, 5, 111, torch.bfloat16),
+    ],
 )
 def test_verify_greedy_sizes(B, W, L, V, dtype):
     beams = torch.randint(0, 4, (B, W, L), generator=gen(W + L))
@@ -320,7 +325,8 @@ def check_kv(kv, cache_len, path, acc):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_kv_compact(B, L, dtype):
     for seed in range(3):
-        check_kv(*kv_inputs(2, B, 3, 24, 16, L, dtype, seed=seed * 10 + B + L, idx=(torch.int32, torch.int64)[seed % 2]))
+        idx = (torch.int32, torch.int64)[seed % 2]
+        check_kv(*kv_inputs(2, B, 3, 24, 16, L, dtype, seed=seed * 10 + B + L, idx=idx))
 
 
 def test_kv_compact_edges():
@@ -426,14 +432,12 @@ def _bad_cases():
     add("beam_topk", 3, lambda x: x.int(), T, "state must have dtype")
     add("beam_topk", 4, lambda x: 0, V, "step must be")
     add("beam_topk", 4, lambda x: 4, V, "step must be")
-    add("beam_topk", 2, lambda x: setv(x, (1, 2, 1), -3),
-        V, r"tokens\[1, 2, 1\] = -3")
+    add("beam_topk", 2, lambda x: setv(x, (1, 2, 1), -3), V, r"tokens\[1, 2, 1\] = -3")
     # build_trie(beams)
     add("build_trie", 0, lambda x: x[0], V, "beams must have 3 dims")
     add("build_trie", 0, lambda x: x.float(), T, "beams must have dtype")
     add("build_trie", 0, lambda x: x[:, :0], V, "beams must have W >= 1")
-    add("build_trie", 0, lambda x: setv(x, (0, 3, 2), -1),
-        V, r"beams\[0, 3, 2\] = -1")
+    add("build_trie", 0, lambda x: setv(x, (0, 3, 2), -1), V, r"beams\[0, 3, 2\] = -1")
     add("build_trie", 0, lambda x: setv(x.long(), 1, 2**40), V, "beams.*token id")
     # verify_greedy(logits, beams, beam_node)
     add("verify_greedy", 0, lambda x: x[0], V, "logits must have 3 dims")
@@ -442,14 +446,11 @@ def _bad_cases():
     add("verify_greedy", 0, lambda x: x[:1], V, "logits has batch")
     add("verify_greedy", 1, lambda x: x.to(META), V, "beams is on meta")
     add("verify_greedy", 1, lambda x: x.float(), T, "beams must have dtype")
-    add("verify_greedy", 1, lambda x: setv(x, (0, 1, 1), -2),
-        V, r"beams\[0, 1, 1\] = -2")
+    add("verify_greedy", 1, lambda x: setv(x, (0, 1, 1), -2), V, r"beams\[0, 1, 1\] = -2")
     add("verify_greedy", 2, lambda x: x[:, :, :3], V, "beam_node must have shape")
     add("verify_greedy", 2, lambda x: x.to(META), V, "beam_node is on meta")
-    add("verify_greedy", 2, lambda x: setv(x, (1, 3, 3), 13),
-        V, r"beam_node\[1, 3, 3\] = 13")
-    add("verify_greedy", 2, lambda x: setv(x, (0, 0, 0), -1),
-        V, r"beam_node\[0, 0, 0\] = -1")
+    add("verify_greedy", 2, lambda x: setv(x, (1, 3, 3), 13), V, r"beam_node\[1, 3, 3\] = 13")
+    add("verify_greedy", 2, lambda x: setv(x, (0, 0, 0), -1), V, r"beam_node\[0, 0, 0\] = -1")
     # kv_compact(kv, cache_len, path_nodes, accept_len)
     add("kv_compact", 0, lambda x: x[0], V, "kv must have 6 dims")
     add("kv_compact", 0, lambda x: x.int(), T, "kv must have dtype")
@@ -463,10 +464,8 @@ def _bad_cases():
     add("kv_compact", 2, lambda x: x.float(), T, "path_nodes must have dtype")
     add("kv_compact", 2, lambda x: x.to(META), V, "path_nodes is on meta")
     add("kv_compact", 2, lambda x: x[:, :, None], V, "path_nodes must have 2 dims")
-    add("kv_compact", 2, lambda x: setv(x, (1, 2), 1), V,
-        r"path_nodes\[1, 2\] = 1 must satisfy")
-    add("kv_compact", 2, lambda x: setv(x, (0, 0), -1), V,
-        r"path_nodes\[0, 0\] = -1")
+    add("kv_compact", 2, lambda x: setv(x, (1, 2), 1), V, r"path_nodes\[1, 2\] = 1 must satisfy")
+    add("kv_compact", 2, lambda x: setv(x, (0, 0), -1), V, r"path_nodes\[0, 0\] = -1")
     add("kv_compact", 3, lambda x: x.float(), T, "accept_len must have dtype")
     add("kv_compact", 3, lambda x: x.to(META), V, "accept_len is on meta")
     add("kv_compact", 3, lambda x: torch.tensor([4, 0]), V, r"accept_len\[0\] = 4")
@@ -522,7 +521,8 @@ def test_meta_tensors_trace():
     assert (s.shape, t.shape, t.dtype, stt.dtype, p.shape) == ((2, 4), (2, 4, 4), torch.int32, torch.bfloat16, (2, 4))
     out = ops.build_trie(torch.zeros(3, 4, 5, dtype=torch.int64, device=META))
     assert [tuple(o.shape) for o in out] == [(3, 17), (3, 17), (3, 17), (3, 4, 5), (3,)]
-    out = ops.verify_greedy(torch.zeros(3, 20, 7, device=META), *(torch.zeros(3, 4, 5, dtype=torch.int32, device=META),) * 2)
+    beams = torch.zeros(3, 4, 5, dtype=torch.int32, device=META)
+    out = ops.verify_greedy(torch.zeros(3, 20, 7, device=META), beams, beams)
     assert [tuple(o.shape) for o in out] == [(3,), (3,), (3, 5), (3,)]
     assert math.prod(out[2].shape) == 15
 
