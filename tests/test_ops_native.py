@@ -87,6 +87,21 @@ def test_beam_topk_large_vocab(B, W, V, L, D, dtype):
     check_beam_topk(beam_inputs(B, W, V, L, D, dtype, L - 1, seed=V + W + 1))
 
 
+def test_beam_topk_float64_order():
+    # many beams x a large vocabulary: candidates of different beams a few 1e-6 apart; the choice
+    # must be the exact (float64) order, which a float-lane log_softmax sum gets wrong at this size
+    g = gen(0)
+    B, W, V = 1, 64, 128256
+    logits = torch.randn(B, W, V, generator=g) * 4
+    scores = -(torch.rand(B, W, generator=g) * 20).sort(dim=1).values
+    tokens = torch.zeros(B, W, 3, dtype=torch.int32)
+    s, t, _, parent = ops.beam_topk(logits, scores, tokens, torch.zeros(B, W, 1), 1 + 1)
+    exact = (scores.double()[:, :, None] + torch.log_softmax(logits.double(), -1)).reshape(B, -1)
+    top = exact.topk(W, dim=1)
+    assert torch.equal(parent.long() * V + t[:, :, 2].long(), top.indices)
+    torch.testing.assert_close(s.double(), top.values, atol=2e-6, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_beam_topk_ties(dtype):
     # integer logits give many exact ties inside a row; duplicated beams (same logits and score)
