@@ -26,7 +26,6 @@ namespace {
 
 using detail::ranks_before;
 
-
 // A buffered logit and its index, ordered by (x desc, index asc); never NaN (NaN rows stop early).
 struct Cand {
   float x;
@@ -44,7 +43,7 @@ void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, 
                     int32_t* cand_token, int32_t* cand_count, int64_t row_begin, int64_t row_end) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const float kNaN = std::numeric_limits<float>::quiet_NaN();
-  const int64_t C = std::min(W, V);      // candidates a row contributes
+  const int64_t C = std::min(W, V);  // candidates a row contributes
   // the buffer holds S - W extra logits: they absorb exact ties (common in bf16/fp16) and rounding
   // ties at the W-th candidate without a second pass
   const int64_t S = beam_topk_stride(W);
