@@ -29,6 +29,11 @@ set(REDRAFTER_TORCH_SOURCES
   csrc/torch/registration.cpp
   csrc/torch/ops_cpu.cpp
   csrc/cpu/tree_mask.cpp
+  csrc/cpu/beam_topk.cpp
+  csrc/cpu/build_trie.cpp
+  csrc/cpu/verify_greedy.cpp
+  csrc/cpu/kv_compact.cpp
+  csrc/cpu/vec.cpp
 )
 
 # CUDA: compiled when nvcc is found; the module links cudart statically so it imports anywhere.
@@ -52,6 +57,11 @@ if(NOT REDRAFTER_CUDA STREQUAL "OFF")
   else()
     message(STATUS "redrafter_ext: nvcc not found, building without CUDA kernels")
   endif()
+endif()
+
+# vec.cpp passes 32-byte vectors between always-inlined helpers only: GCC's ABI note is noise
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  set_source_files_properties(csrc/cpu/vec.cpp PROPERTIES COMPILE_OPTIONS -Wno-psabi)
 endif()
 
 python_add_library(_C MODULE WITH_SOABI USE_SABI 3.9 ${REDRAFTER_TORCH_SOURCES})

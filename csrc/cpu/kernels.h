@@ -14,4 +14,47 @@ template <typename I>
 void tree_mask_packed(const I* node_parent, const I* num_nodes, int64_t N, int32_t* words,
                       int64_t row_begin, int64_t row_end);
 
+// beam_topk, phase 1. Rows r = b*W + w of logits [B*W, V] (T = float, c10::Half, c10::BFloat16),
+// scores [B*W]. Writes each row's min(W, V) best candidates, sorted by (value desc, index asc), to
+// cand_score/cand_token [B*W, beam_topk_stride(W)] (the slots past W are working space) and the
+// count to cand_count.
+inline int64_t beam_topk_stride(int64_t W) { return W + 8; }
+template <typename T>
+void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, float* cand_score,
+                    int32_t* cand_token, int32_t* cand_count, int64_t row_begin, int64_t row_end);
+// beam_topk, phase 2, batch rows [b_begin, b_end): merge the W candidate lists of a batch row, then
+// scores_out [B, W], parent_out [B, W], tokens_out [B, W, L] (the parent's row of tokens [B, W, L],
+// position `step` replaced) and state_out (state_row_bytes per beam, copied from the parent).
+// heads: [B, W] working space.
+template <typename I>
+void beam_topk_merge(const float* cand_score, const int32_t* cand_token, const int32_t* cand_count,
+                     const I* tokens, const uint8_t* state, int64_t W, int64_t V, int64_t L, int64_t step,
+                     int64_t state_row_bytes, float* scores_out, int32_t* tokens_out, uint8_t* state_out,
+                     int32_t* parent_out, int32_t* heads, int64_t b_begin, int64_t b_end);
+
+// Trie of beams [B, W, L] (ids in [0, 2^31)): node_token/node_parent/node_depth [B, N],
+// N = 1 + W*(L-1), beam_node [B, W, L], num_nodes [B]; batch rows [row_begin, row_end).
+template <typename I>
+void build_trie(const I* beams, int64_t W, int64_t L, int32_t* node_token, int32_t* node_parent,
+                int32_t* node_depth, int32_t* beam_node, int32_t* num_nodes, int64_t row_begin,
+                int64_t row_end);
+
+// Greedy verification of beams [B, W, L] against logits [B, n_logit_rows, V] (beam_node values in
+// [0, n_logit_rows)). target: [B, n_logit_rows] working space (argmax cache). Outputs accept_len,
+// best_beam, next_token [B] and path_nodes [B, L]; batch rows [row_begin, row_end).
+template <typename T, typename I>
+void verify_greedy(const T* logits, int64_t n_logit_rows, int64_t V, const I* beams, const I* beam_node,
+                   int64_t W, int64_t L, int32_t* target, int32_t* accept_len, int32_t* best_beam,
+                   int32_t* path_nodes, int32_t* next_token, int64_t row_begin, int64_t row_end);
+
+// KV compaction in place on kv [n_layers*2, B, H, S, slot_bytes] (bytes): units
+// u = (layer*2 + k)*B*H + b*H + h in [unit_begin, unit_end). Inputs validated: accept_len in
+// [-1, L-1]; for i <= accept_len[b], i <= path_nodes[b, i] and cache_len[b] + path_nodes[b, i] < S.
+template <typename I>
+void kv_compact(uint8_t* kv, int64_t B, int64_t H, int64_t S, int64_t slot_bytes, const int32_t* cache_len,
+                const I* path_nodes, int64_t L, const I* accept_len, int64_t unit_begin, int64_t unit_end);
+// then cache_len[b] += accept_len[b] + 1 for the active rows (accept_len >= 0).
+template <typename I>
+void kv_compact_advance(int32_t* cache_len, const I* accept_len, int64_t B);
+
 }  // namespace redrafter::cpu

@@ -25,8 +25,24 @@ inline void check_same_device(const char* op, const char* name, const at::Tensor
                     " but the other inputs are on ", ref.device());
 }
 
+inline void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
+  const auto s = t.scalar_type();
+  TORCH_CHECK_TYPE(s == at::kFloat || s == at::kHalf || s == at::kBFloat16, op, ": ", name,
+                   " must have dtype float32, float16 or bfloat16, got ", s);
+}
+
 inline void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
+
+// Metadata checks (rank, dtype, device, cross-argument shapes; no values read), shared by the CPU
+// and CUDA launchers. Defined in ops_cpu.cpp.
+void check_tree_mask_inputs(const at::Tensor& node_parent, const at::Tensor& num_nodes);
+void check_beam_topk_inputs(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
+                            const at::Tensor& state, int64_t step);
+void check_build_trie_inputs(const at::Tensor& beams);
+void check_verify_greedy_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node);
+void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes,
+                             const at::Tensor& accept_len);
 
 }  // namespace redrafter

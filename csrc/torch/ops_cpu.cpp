@@ -4,6 +4,11 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+
 #include "cpu/kernels.h"
 #include "torch/checks.h"
 
@@ -23,7 +28,121 @@ void check_tree_mask_inputs(const at::Tensor& node_parent, const at::Tensor& num
                     node_parent.size(0), ",), got ", num_nodes.sizes());
 }
 
+void check_beam_topk_inputs(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
+                            const at::Tensor& state, int64_t step) {
+  constexpr const char* op = "beam_topk";
+  check_dim(op, "logits", logits, 3, "B, W, V");
+  check_float_dtype(op, "logits", logits);
+  check_dim(op, "scores", scores, 2, "B, W");
+  TORCH_CHECK_TYPE(scores.scalar_type() == at::kFloat, op, ": scores must have dtype float32, got ",
+                   scores.scalar_type());
+  check_same_device(op, "scores", scores, logits);
+  check_dim(op, "tokens", tokens, 3, "B, W, L");
+  check_index_dtype(op, "tokens", tokens);
+  check_same_device(op, "tokens", tokens, logits);
+  check_dim(op, "state", state, 3, "B, W, D");
+  check_float_dtype(op, "state", state);
+  check_same_device(op, "state", state, logits);
+  const int64_t B = logits.size(0), W = logits.size(1), V = logits.size(2);
+  TORCH_CHECK_VALUE(W >= 1 && V >= 1, op, ": logits must have W >= 1 and V >= 1, got shape ", logits.sizes());
+  TORCH_CHECK_VALUE(V <= std::numeric_limits<int32_t>::max(), op, ": logits has V = ", V,
+                    " but token ids must fit in int32");
+  TORCH_CHECK_VALUE(scores.size(0) == B && scores.size(1) == W, op, ": scores must have shape (B, W) = (", B,
+                    ", ", W, "), got ", scores.sizes());
+  TORCH_CHECK_VALUE(tokens.size(0) == B && tokens.size(1) == W, op,
+                    ": tokens must have shape (B, W, L) with B=", B, ", W=", W, ", got ", tokens.sizes());
+  TORCH_CHECK_VALUE(state.size(0) == B && state.size(1) == W, op, ": state must have shape (B, W, D) with B=", B,
+                    ", W=", W, ", got ", state.sizes());
+  TORCH_CHECK_VALUE(step >= 1 && step < tokens.size(2), op, ": step must be an int in [1, L) with L=",
+                    tokens.size(2), ", got ", step);
+}
+
+void check_build_trie_inputs(const at::Tensor& beams) {
+  constexpr const char* op = "build_trie";
+  check_dim(op, "beams", beams, 3, "B, W, L");
+  check_index_dtype(op, "beams", beams);
+  TORCH_CHECK_VALUE(beams.size(1) >= 1 && beams.size(2) >= 1, op,
+                    ": beams must have W >= 1 and L >= 1, got shape ", beams.sizes());
+  TORCH_CHECK_VALUE(1 + beams.size(1) * (beams.size(2) - 1) <= std::numeric_limits<int32_t>::max(), op,
+                    ": beams shape ", beams.sizes(), " gives more trie nodes than int32 can number");
+}
+
+void check_verify_greedy_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node) {
+  constexpr const char* op = "verify_greedy";
+  check_dim(op, "logits", logits, 3, "B, N, V");
+  check_float_dtype(op, "logits", logits);
+  check_dim(op, "beams", beams, 3, "B, W, L");
+  check_index_dtype(op, "beams", beams);
+  check_same_device(op, "beams", beams, logits);
+  check_dim(op, "beam_node", beam_node, 3, "B, W, L");
+  check_index_dtype(op, "beam_node", beam_node);
+  check_same_device(op, "beam_node", beam_node, logits);
+  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
+  TORCH_CHECK_VALUE(W >= 1 && L >= 1, op, ": beams must have W >= 1 and L >= 1, got shape ", beams.sizes());
+  TORCH_CHECK_VALUE(logits.size(0) == B, op, ": logits has batch ", logits.size(0), " but beams has batch ", B);
+  TORCH_CHECK_VALUE(logits.size(1) >= 1 + W * (L - 1), op, ": logits must cover N >= 1 + W*(L-1) = ",
+                    1 + W * (L - 1), " nodes, got shape ", logits.sizes());
+  TORCH_CHECK_VALUE(logits.size(2) >= 1 && logits.size(2) <= std::numeric_limits<int32_t>::max(), op,
+                    ": logits must have 1 <= V < 2^31, got shape ", logits.sizes());
+  TORCH_CHECK_VALUE(beam_node.sizes() == beams.sizes(), op, ": beam_node must have shape (B, W, L) = ",
+                    beams.sizes(), ", got ", beam_node.sizes());
+}
+
+void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes,
+                             const at::Tensor& accept_len) {
+  constexpr const char* op = "kv_compact";
+  check_dim(op, "kv", kv, 6, "n_layers, 2, B, H_kv, S, D");
+  check_float_dtype(op, "kv", kv);
+  check_dim(op, "cache_len", cache_len, 1, "B");
+  TORCH_CHECK_TYPE(cache_len.scalar_type() == at::kInt, op, ": cache_len must have dtype int32, got ",
+                   cache_len.scalar_type());
+  check_same_device(op, "cache_len", cache_len, kv);
+  check_dim(op, "path_nodes", path_nodes, 2, "B, L");
+  check_index_dtype(op, "path_nodes", path_nodes);
+  check_same_device(op, "path_nodes", path_nodes, kv);
+  check_dim(op, "accept_len", accept_len, 1, "B");
+  check_index_dtype(op, "accept_len", accept_len);
+  check_same_device(op, "accept_len", accept_len, kv);
+  const int64_t B = kv.size(2), S = kv.size(4);
+  TORCH_CHECK_VALUE(kv.size(1) == 2, op, ": kv dim 1 must be 2 (K and V), got shape ", kv.sizes());
+  TORCH_CHECK_VALUE(kv.is_contiguous(), op, ": kv must be contiguous (it is updated in place)");
+  TORCH_CHECK_VALUE(cache_len.size(0) == B, op, ": cache_len must have shape (B,) = (", B, ",), got ",
+                    cache_len.sizes());
+  TORCH_CHECK_VALUE(accept_len.size(0) == B, op, ": accept_len must have shape (B,) = (", B, ",), got ",
+                    accept_len.sizes());
+  TORCH_CHECK_VALUE(path_nodes.size(0) == B, op, ": path_nodes must have shape (B, L) with B=", B, ", got ",
+                    path_nodes.sizes());
+  const int64_t L = path_nodes.size(1);
+  TORCH_CHECK_VALUE(L >= 1 && L <= S, op, ": path_nodes length L=", L, " must be in [1, S=", S, "]");
+}
+
 namespace {
+
+// Calls f with a null pointer of the C++ type of a float32/float16/bfloat16 tensor.
+template <typename F>
+void dispatch_float(at::ScalarType t, const char* op, F&& f) {
+  switch (t) {
+    case at::kFloat:
+      f(static_cast<float*>(nullptr));
+      break;
+    case at::kHalf:
+      f(static_cast<c10::Half*>(nullptr));
+      break;
+    case at::kBFloat16:
+      f(static_cast<c10::BFloat16*>(nullptr));
+      break;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": unsupported dtype ", t);
+  }
+}
+
+constexpr int64_t kMaxToken = std::numeric_limits<int32_t>::max();
+
+// One index type for two index inputs (one template instantiation per call): int64 when either is,
+// so that no value is truncated before it is range-checked.
+at::ScalarType common_index_type(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kLong || b.scalar_type() == at::kLong ? at::kLong : at::kInt;
+}
 
 template <typename I>
 void check_tree_values(const I* parent, const I* num_nodes, int64_t B, int64_t N) {
@@ -41,9 +160,8 @@ void check_tree_values(const I* parent, const I* num_nodes, int64_t B, int64_t N
 at::Tensor tree_mask_cpu(const at::Tensor& node_parent_in, const at::Tensor& num_nodes_in, bool packed) {
   check_tree_mask_inputs(node_parent_in, num_nodes_in);
   TORCH_CHECK_VALUE(node_parent_in.is_cpu(), "tree_mask: node_parent must be a CPU tensor for the CPU kernel");
-  // one index type for both inputs keeps a single template instantiation per call
-  const auto idx = node_parent_in.scalar_type();
-  const at::Tensor node_parent = node_parent_in.contiguous();
+  const auto idx = common_index_type(node_parent_in, num_nodes_in);
+  const at::Tensor node_parent = node_parent_in.to(idx).contiguous();
   const at::Tensor num_nodes = num_nodes_in.to(idx).contiguous();
   const int64_t B = node_parent.size(0), N = node_parent.size(1);
   at::Tensor out = packed ? at::empty({B, N, (N + 31) / 32}, node_parent.options().dtype(at::kInt))
@@ -64,8 +182,203 @@ at::Tensor tree_mask_cpu(const at::Tensor& node_parent_in, const at::Tensor& num
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// beam_topk
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const at::Tensor& logits_in,
+                                                                         const at::Tensor& scores_in,
+                                                                         const at::Tensor& tokens_in,
+                                                                         const at::Tensor& state_in, int64_t step) {
+  check_beam_topk_inputs(logits_in, scores_in, tokens_in, state_in, step);
+  TORCH_CHECK_VALUE(logits_in.is_cpu(), "beam_topk: logits must be a CPU tensor for the CPU kernel");
+  const at::Tensor logits = logits_in.contiguous();
+  const at::Tensor scores = scores_in.contiguous();
+  const at::Tensor tokens = tokens_in.contiguous();
+  const at::Tensor state = state_in.contiguous();
+  const int64_t B = logits.size(0), W = logits.size(1), V = logits.size(2);
+  const int64_t L = tokens.size(2), D = state.size(2);
+  AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "beam_topk", [&] {
+    const index_t* t = tokens.const_data_ptr<index_t>();
+    for (int64_t r = 0; r < B * W; ++r) {
+      for (int64_t i = 0; i < step; ++i) {
+        const int64_t v = static_cast<int64_t>(t[r * L + i]);
+        TORCH_CHECK_VALUE(v >= 0 && v <= kMaxToken, "beam_topk: tokens[", r / W, ", ", r % W, ", ", i, "] = ", v,
+                          " is not a token id in [0, 2^31) (positions < step must be valid)");
+      }
+    }
+  });
+
+  const auto i32 = logits.options().dtype(at::kInt);
+  const auto f32 = logits.options().dtype(at::kFloat);
+  at::Tensor scores_out = at::empty({B, W}, f32);
+  at::Tensor tokens_out = at::empty({B, W, L}, i32);
+  at::Tensor state_out = at::empty({B, W, D}, state.options());
+  at::Tensor parent_out = at::empty({B, W}, i32);
+  // working space: each row's sorted candidates (+ slack), their count, merge heads
+  at::Tensor cand_score = at::empty({B * W, cpu::beam_topk_stride(W)}, f32);
+  at::Tensor cand_token = at::empty({B * W, cpu::beam_topk_stride(W)}, i32);
+  at::Tensor cand_count = at::empty({B * W}, i32);
+  at::Tensor heads = at::empty({B, W}, i32);
+
+  dispatch_float(logits.scalar_type(), "beam_topk", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* x = logits.const_data_ptr<T>();
+    const float* s = scores.const_data_ptr<float>();
+    at::parallel_for(0, B * W, std::max<int64_t>(1, 32768 / V), [&](int64_t r0, int64_t r1) {
+      cpu::beam_topk_rows<T>(x, s, W, V, cand_score.mutable_data_ptr<float>(), cand_token.mutable_data_ptr<int32_t>(),
+                             cand_count.mutable_data_ptr<int32_t>(), r0, r1);
+    });
+  });
+  const int64_t row_bytes = D * static_cast<int64_t>(state.element_size());
+  AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "beam_topk", [&] {
+    const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, W * (W + L * 4 + row_bytes)));
+    at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+      cpu::beam_topk_merge<index_t>(
+          cand_score.const_data_ptr<float>(), cand_token.const_data_ptr<int32_t>(),
+          cand_count.const_data_ptr<int32_t>(), tokens.const_data_ptr<index_t>(),
+          static_cast<const uint8_t*>(state.const_data_ptr()), W, V, L, step, row_bytes,
+          scores_out.mutable_data_ptr<float>(), tokens_out.mutable_data_ptr<int32_t>(),
+          static_cast<uint8_t*>(state_out.mutable_data_ptr()), parent_out.mutable_data_ptr<int32_t>(),
+          heads.mutable_data_ptr<int32_t>(), b0, b1);
+    });
+  });
+  return {scores_out, tokens_out, state_out, parent_out};
+}
+
+// ---------------------------------------------------------------------------------------------
+// build_trie
+
+template <typename I>
+void check_token_ids(const char* op, const char* name, const I* t, int64_t B, int64_t W, int64_t L) {
+  for (int64_t k = 0; k < B * W * L; ++k) {
+    const int64_t v = static_cast<int64_t>(t[k]);
+    TORCH_CHECK_VALUE(v >= 0 && v <= kMaxToken, op, ": ", name, "[", k / (W * L), ", ", (k / L) % W, ", ", k % L,
+                      "] = ", v, " is not a token id in [0, 2^31)");
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_trie_cpu(const at::Tensor& beams_in) {
+  check_build_trie_inputs(beams_in);
+  TORCH_CHECK_VALUE(beams_in.is_cpu(), "build_trie: beams must be a CPU tensor for the CPU kernel");
+  const at::Tensor beams = beams_in.contiguous();
+  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
+  const int64_t N = 1 + W * (L - 1);
+  const auto i32 = beams.options().dtype(at::kInt);
+  at::Tensor node_token = at::empty({B, N}, i32);
+  at::Tensor node_parent = at::empty({B, N}, i32);
+  at::Tensor node_depth = at::empty({B, N}, i32);
+  at::Tensor beam_node = at::empty({B, W, L}, i32);
+  at::Tensor num_nodes = at::empty({B}, i32);
+  AT_DISPATCH_INDEX_TYPES(beams.scalar_type(), "build_trie", [&] {
+    const index_t* x = beams.const_data_ptr<index_t>();
+    check_token_ids("build_trie", "beams", x, B, W, L);
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, W * W * L));
+    at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+      cpu::build_trie<index_t>(x, W, L, node_token.mutable_data_ptr<int32_t>(), node_parent.mutable_data_ptr<int32_t>(),
+                               node_depth.mutable_data_ptr<int32_t>(), beam_node.mutable_data_ptr<int32_t>(),
+                               num_nodes.mutable_data_ptr<int32_t>(), b0, b1);
+    });
+  });
+  return {node_token, node_parent, node_depth, beam_node, num_nodes};
+}
+
+// ---------------------------------------------------------------------------------------------
+// verify_greedy
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tensor& logits_in,
+                                                                             const at::Tensor& beams_in,
+                                                                             const at::Tensor& beam_node_in) {
+  check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);
+  TORCH_CHECK_VALUE(logits_in.is_cpu(), "verify_greedy: logits must be a CPU tensor for the CPU kernel");
+  const at::Tensor logits = logits_in.contiguous();
+  const auto idx = common_index_type(beams_in, beam_node_in);
+  const at::Tensor beams = beams_in.to(idx).contiguous();
+  const at::Tensor beam_node = beam_node_in.to(idx).contiguous();
+  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
+  const int64_t NL = logits.size(1), V = logits.size(2);
+  const auto i32 = logits.options().dtype(at::kInt);
+  at::Tensor accept_len = at::empty({B}, i32);
+  at::Tensor best_beam = at::empty({B}, i32);
+  at::Tensor path_nodes = at::empty({B, L}, i32);
+  at::Tensor next_token = at::empty({B}, i32);
+  at::Tensor target = at::empty({B, NL}, i32);  // per-node argmax cache
+  AT_DISPATCH_INDEX_TYPES(idx, "verify_greedy", [&] {
+    const index_t* bm = beams.const_data_ptr<index_t>();
+    const index_t* bn = beam_node.const_data_ptr<index_t>();
+    check_token_ids("verify_greedy", "beams", bm, B, W, L);
+    for (int64_t k = 0; k < B * W * L; ++k) {
+      const int64_t n = static_cast<int64_t>(bn[k]);
+      TORCH_CHECK_VALUE(n >= 0 && n < NL, "verify_greedy: beam_node[", k / (W * L), ", ", (k / L) % W, ", ", k % L,
+                        "] = ", n, " is outside the ", NL, " nodes of logits (dim 1)");
+    }
+    dispatch_float(logits.scalar_type(), "verify_greedy", [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      // about L argmaxes of V per row
+      const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * V));
+      at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+        cpu::verify_greedy<T, index_t>(logits.const_data_ptr<T>(), NL, V, bm, bn, W, L,
+                                       target.mutable_data_ptr<int32_t>(), accept_len.mutable_data_ptr<int32_t>(),
+                                       best_beam.mutable_data_ptr<int32_t>(), path_nodes.mutable_data_ptr<int32_t>(),
+                                       next_token.mutable_data_ptr<int32_t>(), b0, b1);
+      });
+    });
+  });
+  return {accept_len, best_beam, path_nodes, next_token};
+}
+
+// ---------------------------------------------------------------------------------------------
+// kv_compact (in place): every value is checked before the first byte of kv or cache_len is written
+
+void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes_in,
+                    const at::Tensor& accept_len_in) {
+  check_kv_compact_inputs(kv, cache_len, path_nodes_in, accept_len_in);
+  TORCH_CHECK_VALUE(kv.is_cpu(), "kv_compact: kv must be a CPU tensor for the CPU kernel");
+  const auto idx = common_index_type(path_nodes_in, accept_len_in);
+  const at::Tensor path_nodes = path_nodes_in.to(idx).contiguous();
+  const at::Tensor accept_len = accept_len_in.to(idx).contiguous();
+  const at::Tensor lens = cache_len.contiguous();  // cache_len itself when contiguous
+  const int64_t B = kv.size(2), H = kv.size(3), S = kv.size(4), L = path_nodes.size(1);
+  const int64_t slot_bytes = kv.size(5) * static_cast<int64_t>(kv.element_size());
+  AT_DISPATCH_INDEX_TYPES(idx, "kv_compact", [&] {
+    const index_t* path = path_nodes.const_data_ptr<index_t>();
+    const index_t* acc = accept_len.const_data_ptr<index_t>();
+    const int32_t* len = lens.const_data_ptr<int32_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t a = static_cast<int64_t>(acc[b]);
+      TORCH_CHECK_VALUE(a >= -1 && a <= L - 1, "kv_compact: accept_len[", b, "] = ", a,
+                        " must be in [-1, L-1 = ", L - 1, "] (-1: inactive row)");
+      const int64_t c = len[b];
+      TORCH_CHECK_VALUE(c >= 0 && c <= S, "kv_compact: cache_len[", b, "] = ", c, " must be in [0, S = ", S,
+                        "] (kv.shape[4])");
+      for (int64_t i = 0; i <= a; ++i) {
+        const int64_t p = static_cast<int64_t>(path[b * L + i]);
+        TORCH_CHECK_VALUE(p >= i, "kv_compact: path_nodes[", b, ", ", i, "] = ", p,
+                          " must satisfy path_nodes[b, i] >= i (an accepted node is never before its position)");
+        TORCH_CHECK_VALUE(c + p < S, "kv_compact: cache_len[", b, "] + path_nodes[", b, ", ", i, "] = ", c, " + ", p,
+                          " exceeds the cache length S = ", S, " (kv.shape[4])");
+      }
+    }
+    if (kv.numel() > 0) {
+      const int64_t units = kv.size(0) * 2 * B * H;
+      const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * slot_bytes));
+      uint8_t* base = static_cast<uint8_t*>(kv.mutable_data_ptr());
+      at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+        cpu::kv_compact<index_t>(base, B, H, S, slot_bytes, len, path, L, acc, u0, u1);
+      });
+    }
+    cpu::kv_compact_advance<index_t>(lens.mutable_data_ptr<int32_t>(), acc, B);
+  });
+  if (!lens.is_same(cache_len)) cache_len.copy_(lens);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(redrafter, CPU, m) { m.impl("tree_mask", &tree_mask_cpu); }
+TORCH_LIBRARY_IMPL(redrafter, CPU, m) {
+  m.impl("tree_mask", &tree_mask_cpu);
+  m.impl("beam_topk", &beam_topk_cpu);
+  m.impl("build_trie", &build_trie_cpu);
+  m.impl("verify_greedy", &verify_greedy_cpu);
+  m.impl("kv_compact", &kv_compact_cpu);
+}
 
 }  // namespace redrafter

@@ -4,4 +4,9 @@
 
 TORCH_LIBRARY(redrafter, m) {
   m.def("tree_mask(Tensor node_parent, Tensor num_nodes, bool packed=False) -> Tensor");
+  m.def("beam_topk(Tensor logits, Tensor scores, Tensor tokens, Tensor state, int step) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("build_trie(Tensor beams) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("verify_greedy(Tensor logits, Tensor beams, Tensor beam_node) -> (Tensor, Tensor, Tensor, Tensor)");
+  // in place: kv and cache_len are written
+  m.def("kv_compact(Tensor(a!) kv, Tensor(b!) cache_len, Tensor path_nodes, Tensor accept_len) -> ()");
 }

@@ -88,12 +88,16 @@ def check_verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> Non
     check_tensor(op, "beams", beams, "B, W, L", INT_DTYPES, dev)
     check_tensor(op, "beam_node", beam_node, "B, W, L", INT_DTYPES, dev)
     B, W, L = beams.shape
+    if W < 1 or L < 1:
+        raise ValueError(f"{op}: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
     if logits.shape[0] != B:
         raise ValueError(f"{op}: logits has batch {logits.shape[0]} but beams has batch {B}")
     if logits.shape[1] < 1 + W * (L - 1):
         raise ValueError(
             f"{op}: logits must cover N >= 1 + W*(L-1) = {1 + W * (L - 1)} nodes, got shape {tuple(logits.shape)}"
         )
+    if logits.shape[2] < 1:
+        raise ValueError(f"{op}: logits must have 1 <= V < 2^31, got shape {tuple(logits.shape)}")
     check_shape(op, "beam_node", beam_node, beams.shape, "B, W, L")
 
 

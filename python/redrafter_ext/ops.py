@@ -3,6 +3,10 @@
 Each wrapper calls the registered C++/CUDA kernel; a fake (meta) kernel registered here gives
 output shapes to ``torch.compile`` and FakeTensor tracing without running anything. Ops without a
 native kernel yet are taken from ``reference`` *by name* in ``NATIVE_OPS``, never silently.
+
+The native kernels read index inputs on the host to validate them (token ids, node ids, lengths)
+and raise ``ValueError``/``TypeError`` naming the argument before anything is written. Integer
+inputs may be int32 or int64; integer outputs are int32.
 """
 
 from __future__ import annotations
@@ -10,30 +14,53 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import (
-    _C,  # noqa: F401  (loads the TORCH_LIBRARY registrations)
-    reference,
+from . import _C  # noqa: F401  (loads the TORCH_LIBRARY registrations)
+from ._checks import (
+    check_beam_topk,
+    check_build_trie,
+    check_kv_compact,
+    check_tree_mask,
+    check_verify_greedy,
 )
-from ._checks import check_tree_mask
+from .reference import num_nodes_max
 
 __all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "kv_compact", "NATIVE_OPS"]
 
 # which ops have a native kernel; the rest of this module re-exports the reference on purpose
-NATIVE_OPS = ("tree_mask",)
+NATIVE_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "kv_compact")
 
 
 def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:
-    """Ancestor-or-self mask of the trie (native kernel). Same contract as ``reference.tree_mask``:
-    ``node_parent (B, N)`` int, ``num_nodes (B,)`` int -> bool ``(B, N, N)`` or, when ``packed``,
-    int32 ``(B, N, ceil(N/32))``.
+    """Ancestor-or-self mask of the trie (native kernel).
 
-    Example:
-        >>> parent = torch.tensor([[-1, 0, 1, 0]]); n = torch.tensor([4])
-        >>> tree_mask(parent, n).int()[0]
-        tensor([[1, 0, 0, 0],
-                [1, 1, 0, 0],
-                [1, 1, 1, 0],
-                [1, 0, 0, 1]], dtype=torch.int32)
+    Parameters
+    ----------
+    node_parent : Tensor
+        ``(B, N)`` int32/int64, parent of each node, -1 for the root and padding; parents precede
+        their children.
+    num_nodes : Tensor
+        ``(B,)`` int32/int64, valid nodes per row; rows ``>= num_nodes`` are padding and see only
+        themselves.
+    packed : bool
+        Return int32 bit words instead of bools.
+
+    Returns
+    -------
+    Tensor
+        bool ``(B, N, N)``, ``mask[b, i, j]`` true when node j is an ancestor-or-self of node i; or,
+        when ``packed``, int32 ``(B, N, ceil(N/32))`` with bit ``j % 32`` of word ``j // 32`` set,
+        least significant bit first.
+
+    Examples
+    --------
+    >>> parent = torch.tensor([[-1, 0, 1, 0]]); n = torch.tensor([4])
+    >>> tree_mask(parent, n).int()[0]
+    tensor([[1, 0, 0, 0],
+            [1, 1, 0, 0],
+            [1, 1, 1, 0],
+            [1, 0, 0, 1]], dtype=torch.int32)
+    >>> tree_mask(parent, n, packed=True)[0, :, 0]
+    tensor([1, 3, 7, 9], dtype=torch.int32)
     """
     return torch.ops.redrafter.tree_mask(node_parent, num_nodes, packed)
 
@@ -48,7 +75,191 @@ def _tree_mask_fake(node_parent: Tensor, num_nodes: Tensor, packed: bool = False
     return node_parent.new_empty((B, N, N), dtype=torch.bool)
 
 
-beam_topk = reference.beam_topk
-build_trie = reference.build_trie
-verify_greedy = reference.verify_greedy
-kv_compact = reference.kv_compact
+def beam_topk(logits: Tensor, scores: Tensor, tokens: Tensor, state: Tensor, step: int) -> tuple[Tensor, ...]:
+    """One fused beam-search step: log-softmax, running score, top-W over W*V, reorder by parent.
+
+    Parameters
+    ----------
+    logits : Tensor
+        ``(B, W, V)`` float32/float16/bfloat16 drafter logits of each beam.
+    scores : Tensor
+        ``(B, W)`` float32 running joint log-probabilities; ``[0, -inf, ...]`` at ``step == 1`` so
+        that only beam 0 expands.
+    tokens : Tensor
+        ``(B, W, L)`` int32/int64 token history; positions ``< step`` must be token ids >= 0.
+    state : Tensor
+        ``(B, W, D)`` float32/float16/bfloat16 drafter state of each beam after this step.
+    step : int
+        Position ``1 <= step < L`` written by this step.
+
+    Returns
+    -------
+    scores : Tensor
+        ``(B, W)`` float32: ``scores[b, parent] + log_softmax(logits[b, parent])[token]``, sorted
+        descending, ties to the lower flat index ``parent * V + token``.
+    tokens : Tensor
+        ``(B, W, L)`` int32: the parent's whole token row, position ``step`` set to the new token.
+    state : Tensor
+        ``(B, W, D)``, dtype of ``state``: the parent's state row.
+    parent : Tensor
+        ``(B, W)`` int32 parent beam of each new beam.
+
+    Examples
+    --------
+    >>> logits = torch.tensor([[[0.0, 2.0, 1.0], [5.0, 0.0, 0.0]]])   # B=1, W=2, V=3
+    >>> scores = torch.tensor([[0.0, float("-inf")]])
+    >>> tokens = torch.tensor([[[7, 0, 0], [7, 0, 0]]], dtype=torch.int32)
+    >>> s, t, st, p = beam_topk(logits, scores, tokens, torch.zeros(1, 2, 4), step=1)
+    >>> t[0].tolist(), p[0].tolist()
+    ([[7, 1, 0], [7, 2, 0]], [0, 0])
+    """
+    return torch.ops.redrafter.beam_topk(logits, scores, tokens, state, step)
+
+
+@torch.library.register_fake("redrafter::beam_topk")
+def _beam_topk_fake(logits: Tensor, scores: Tensor, tokens: Tensor, state: Tensor, step: int) -> tuple[Tensor, ...]:
+    # outputs have the input shapes; values (and so the parent choice) are not needed to trace
+    check_beam_topk(logits, scores, tokens, state, step)
+    B, W, _ = logits.shape
+    return (
+        logits.new_empty((B, W), dtype=torch.float32),
+        tokens.new_empty(tokens.shape, dtype=torch.int32),
+        state.new_empty(state.shape),
+        logits.new_empty((B, W), dtype=torch.int32),
+    )
+
+
+def build_trie(beams: Tensor) -> tuple[Tensor, ...]:
+    """Merge the beams' shared prefixes into a trie (Dynamic Tree Attention).
+
+    Position 0 of every beam is the root (node 0, the guaranteed token taken from beam 0). Nodes are
+    numbered in order of first occurrence, beam-major then depth, so parents precede children.
+
+    Parameters
+    ----------
+    beams : Tensor
+        ``(B, W, L)`` int32/int64 token ids (>= 0).
+
+    Returns
+    -------
+    node_token, node_parent, node_depth : Tensor
+        ``(B, N)`` int32 with ``N = 1 + W*(L-1)``; padding nodes have token 0, parent -1, depth 0,
+        and the root has parent -1.
+    beam_node : Tensor
+        ``(B, W, L)`` int32 node of each beam position.
+    num_nodes : Tensor
+        ``(B,)`` int32 valid nodes per row.
+
+    Examples
+    --------
+    >>> beams = torch.tensor([[[5, 1, 2], [5, 1, 3], [5, 4, 2]]])
+    >>> token, parent, depth, beam_node, n = build_trie(beams)
+    >>> token[0].tolist(), parent[0].tolist(), n.tolist()
+    ([5, 1, 2, 3, 4, 2, 0], [-1, 0, 1, 1, 0, 4, -1], [6])
+    >>> beam_node[0].tolist()
+    [[0, 1, 2], [0, 1, 3], [0, 4, 5]]
+    """
+    return torch.ops.redrafter.build_trie(beams)
+
+
+@torch.library.register_fake("redrafter::build_trie")
+def _build_trie_fake(beams: Tensor) -> tuple[Tensor, ...]:
+    # fixed shapes: N = 1 + W*(L-1) nodes whatever the sharing (num_nodes says how many are used)
+    check_build_trie(beams)
+    B, W, L = beams.shape
+    N = num_nodes_max(W, L)
+    return (
+        beams.new_empty((B, N), dtype=torch.int32),
+        beams.new_empty((B, N), dtype=torch.int32),
+        beams.new_empty((B, N), dtype=torch.int32),
+        beams.new_empty((B, W, L), dtype=torch.int32),
+        beams.new_empty((B,), dtype=torch.int32),
+    )
+
+
+def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Tensor, ...]:
+    """Greedy acceptance: the longest beam whose draft tokens equal the target's argmax.
+
+    Along beam w the accepted length is the number of leading draft tokens ``beams[b, w, d+1]``
+    equal to the argmax of ``logits[b, beam_node[b, w, d]]`` (first maximum on ties, like
+    ``torch.argmax``). Only the nodes a beam reaches are reduced over V.
+
+    Parameters
+    ----------
+    logits : Tensor
+        ``(B, N', V)`` float32/float16/bfloat16 target logits at each trie node,
+        ``N' >= 1 + W*(L-1)``.
+    beams : Tensor
+        ``(B, W, L)`` int32/int64 draft beams (position 0 is the guaranteed token).
+    beam_node : Tensor
+        ``(B, W, L)`` int32/int64 node of each beam position (from ``build_trie``), in ``[0, N')``.
+
+    Returns
+    -------
+    accept_len : Tensor
+        ``(B,)`` int32 accepted draft tokens, ``0..L-1``.
+    best_beam : Tensor
+        ``(B,)`` int32 beam achieving it (ties to the lowest beam).
+    path_nodes : Tensor
+        ``(B, L)`` int32 nodes of the accepted path, root first, -1 past ``accept_len``.
+    next_token : Tensor
+        ``(B,)`` int32 target argmax at the last accepted node.
+
+    Examples
+    --------
+    >>> beams = torch.tensor([[[5, 1, 2], [5, 1, 3]]])
+    >>> beam_node = torch.tensor([[[0, 1, 2], [0, 1, 3]]])
+    >>> logits = torch.zeros(1, 5, 6); logits[0, 0, 1] = 1; logits[0, 1, 3] = 1; logits[0, 3, 4] = 1
+    >>> [x.tolist() for x in verify_greedy(logits, beams, beam_node)]
+    [[2], [1], [[0, 1, 3]], [4]]
+    """
+    return torch.ops.redrafter.verify_greedy(logits, beams, beam_node)
+
+
+@torch.library.register_fake("redrafter::verify_greedy")
+def _verify_greedy_fake(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Tensor, ...]:
+    check_verify_greedy(logits, beams, beam_node)
+    B, _, L = beams.shape
+    return (
+        logits.new_empty((B,), dtype=torch.int32),
+        logits.new_empty((B,), dtype=torch.int32),
+        logits.new_empty((B, L), dtype=torch.int32),
+        logits.new_empty((B,), dtype=torch.int32),
+    )
+
+
+def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor) -> None:
+    """Keep only the accepted path's K/V, in place, and advance ``cache_len``.
+
+    For each row b and ``i = 0..accept_len[b]``, slot ``cache_len[b] + path_nodes[b, i]`` is copied
+    to slot ``cache_len[b] + i`` in every layer, K and V; then ``cache_len[b] += accept_len[b] + 1``.
+    ``accept_len[b] == -1`` marks an inactive row: nothing is copied or advanced. All values are
+    checked before anything is written: on error ``kv`` and ``cache_len`` are unchanged.
+
+    Parameters
+    ----------
+    kv : Tensor
+        ``(n_layers, 2, B, H_kv, S, D)`` contiguous float32/float16/bfloat16 cache (modified).
+    cache_len : Tensor
+        ``(B,)`` int32 tokens already committed per row, in ``[0, S]`` (modified).
+    path_nodes : Tensor
+        ``(B, L)`` int32/int64 accepted path from ``verify_greedy``: ``path_nodes[b, i] >= i`` and
+        ``cache_len[b] + path_nodes[b, i] < S`` for ``i <= accept_len[b]``; ignored past it.
+    accept_len : Tensor
+        ``(B,)`` int32/int64 in ``[-1, L-1]``.
+
+    Examples
+    --------
+    >>> kv = torch.arange(6.0).reshape(1, 1, 1, 1, 6, 1).expand(1, 2, 1, 1, 6, 1).contiguous()
+    >>> cache_len = torch.tensor([1], dtype=torch.int32)
+    >>> kv_compact(kv, cache_len, torch.tensor([[0, 2, 4]]), torch.tensor([2]))
+    >>> kv[0, 0, 0, 0, :, 0].tolist(), cache_len.tolist()
+    ([0.0, 1.0, 3.0, 5.0, 4.0, 5.0], [4])
+    """
+    torch.ops.redrafter.kv_compact(kv, cache_len, path_nodes, accept_len)
+
+
+@torch.library.register_fake("redrafter::kv_compact")
+def _kv_compact_fake(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor) -> None:
+    # in place, no outputs: only the metadata checks
+    check_kv_compact(kv, cache_len, path_nodes, accept_len)

@@ -52,7 +52,14 @@ def beam_topk(
     """
     check_beam_topk(logits, scores, tokens, state, step)
     B, W, V = logits.shape
-    cand = scores.float()[:, :, None] + torch.log_softmax(logits.float(), dim=-1)  # [B, W, V]
+    # log_softmax written out: torch.log_softmax's fused CPU kernel accumulates the row sum in float
+    # lanes (error ~2e-5 at V=128256), enough to reorder candidates of different beams that are
+    # that close; torch.sum reduces pairwise (error ~1e-7), so the order is the float64 order up to
+    # rounding. NaN/inf behave as in log_softmax (a row with NaN or +inf, or all -inf, is all NaN).
+    x = logits.float()
+    shifted = x - x.amax(dim=-1, keepdim=True)
+    logsum = torch.log(torch.exp(shifted).sum(dim=-1, keepdim=True))
+    cand = scores.float()[:, :, None] + (shifted - logsum)  # [B, W, V]
     # a stable descending sort keeps equal candidates in flat-index order: the documented tie rule
     order = torch.sort(cand.reshape(B, W * V), dim=-1, descending=True, stable=True).indices
     top = order[:, :W]  # [B, W]
@@ -208,11 +215,14 @@ def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Te
     base = cache_len.to(torch.int64)
     path = path_nodes.to(torch.int64)
     valid = i[None, :] <= acc[:, None]  # [B, L]
+    torch._assert_async(((acc >= -1) & (acc < L)).all(), "kv_compact: accept_len must be in [-1, L-1]")
+    torch._assert_async(((base >= 0) & (base <= S)).all(), "kv_compact: cache_len must be in [0, S] (kv.shape[4])")
     torch._assert_async(
         (~valid | (path >= i[None, :])).all(), "kv_compact: path_nodes must satisfy path_nodes[b, i] >= i"
     )
+    # inactive rows (accept_len == -1) copy nothing, so a full cache (cache_len == S) is fine there
     torch._assert_async(
-        (base + torch.where(valid, path, 0).amax(dim=1) < S).all(),
+        ((acc < 0) | (base + torch.where(valid, path, 0).amax(dim=1) < S)).all(),
         "kv_compact: cache_len + path_nodes exceeds the cache length S (kv.shape[4])",
     )
     # rewrite a window of L distinct slots per row (shifted inside the cache near its end), so the
