@@ -205,3 +205,19 @@ def test_reference_ops_reject_bad_input():
     with pytest.raises(ValueError, match="logits must cover"):
         rx.reference.verify_greedy(torch.zeros(1, 3, 5), torch.zeros(1, 2, 3, dtype=torch.int32),
                                    torch.zeros(1, 2, 3, dtype=torch.int32))
+
+
+def test_decode_step_compiles_fullgraph():
+    # the whole step (drafter, native ops, target, commit) is one graph: no breaks, no host syncs
+    target = random_target(vocab=61, hidden=32, layers=1, seed=2)
+    drafter = random_drafter(target, layers=1)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    ar = rx.autoregressive_generate(target, prompts, 12)
+    state = _start(target, prompts, 12, 7, None, None)
+    step = torch.compile(
+        lambda s: rx.decode_step(target, drafter, s, beam_width=3, beam_length=3, ops=rx.ops), fullgraph=True
+    )
+    for _ in range(12):
+        step(state)
+    n = state.num_out.tolist()
+    assert [state.out[b, : n[b]].tolist() for b in range(2)] == ar.tokens
