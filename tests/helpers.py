@@ -54,7 +54,7 @@ class OracleDrafter:
             pos = state[:, :, 1].long()
             on = (state[:, :, 0] > 0) & (prev.long() == torch.gather(self.ref, 1, pos.clamp(max=T - 1)))
             nxt = torch.gather(self.ref, 1, (pos + 1).clamp(max=T - 1))
-            logits = torch.randn(B, beam_width, self.vocab, generator=self.gen)
+            logits = torch.randn(B, prev.shape[1], self.vocab, generator=self.gen)
             logits.scatter_add_(2, nxt[:, :, None], on[:, :, None].float() * 30.0)
             return logits, torch.stack([on.float(), (pos + 1).float()], dim=-1)
 

@@ -48,8 +48,9 @@ def beam_search(
     """Beam search over any step function, with the fused ``beam_topk`` op of ``ops``.
 
     Args:
-        step_fn: ``(prev_tokens (B, W) i32, state (B, W, D)) -> (logits (B, W, V), state)``.
-        state0: ``(B, W, D)`` initial state.
+        step_fn: ``(prev_tokens (B, w) i32, state (B, w, D)) -> (logits (B, w, V), state)``, called
+            with w = 1 at the first step (only beam 0 is live) and w = W after.
+        state0: ``(B, W, D)`` initial state, equal across beams.
         token: ``(B,)`` int, the guaranteed token (position 0 of every beam).
         ops: ``redrafter_ext.ops`` (native) or ``redrafter_ext.reference``.
 
@@ -66,7 +67,14 @@ def beam_search(
     scores[:, 0] = 0.0
     state = state0
     for step in range(1, L):
-        logits, state = step_fn(tokens[:, :, step - 1], state)
+        if step == 1:
+            # only beam 0 is live (the others score -inf whatever their logits), so run the first
+            # step on one beam and broadcast: saves (W-1)/W of its cost
+            logits, state = step_fn(tokens[:, :1, 0], state[:, :1])
+            logits = logits.expand(B, W, logits.shape[2])
+            state = state.expand(B, W, state.shape[2]).contiguous()
+        else:
+            logits, state = step_fn(tokens[:, :, step - 1], state)
         scores, tokens, state, _ = ops.beam_topk(logits, scores, tokens, state, step)
     return tokens
 
