@@ -38,12 +38,15 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--prompts", type=int, default=8, help="prompts per run (a multiple of the batch is used)")
     p.add_argument("--quick", action="store_true", help="a small grid, 3 runs (smoke test)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     a = p.parse_args(argv)
     if a.quick:
         a.widths, a.lengths, a.batches, a.runs, a.max_new_tokens, a.prompts = [1, 4], [2, 4], [1, 4], 3, 48, 4
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
     target, drafter, tok, desc = load_models(a.checkpoints, random_weights=False)
     eos = target.config.eos_token_id
     a.out.mkdir(parents=True, exist_ok=True)
