@@ -366,3 +366,87 @@ def test_reproducible_and_rejects_bad_input():
         ref.verify_sample(logits, beams, beam_node, au, su, 1.0, 0, 0.0)
     with pytest.raises(RuntimeError, match=r"\[0, 1\)"):
         ref.verify_sample(logits, beams, beam_node, au + 1, su, 1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# the native kernel equals the reference given the same uniforms
+
+ops = pytest.importorskip("redrafter_ext.ops")
+
+SETTINGS_NATIVE = [
+    (1.0, 0, 1.0),
+    (0.7, 3, 1.0),
+    (1.3, 0, 0.8),
+    (2.0, 4, 0.6),
+    (0.5, 1, 1.0),
+    (0.0, 0, 1.0),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("W,L,Vr", [(1, 1, 5), (1, 3, 7), (3, 4, 11), (4, 5, 6), (8, 3, 300)])
+def test_native_equals_reference(dtype, W, L, Vr):
+    logits, beams, beam_node, au, su = random_case(96, W, L, Vr, seed=W * 100 + L, dtype=dtype, n_tokens=3)
+    for t, k, p in SETTINGS_NATIVE:
+        got = ops.verify_sample(logits, beams, beam_node, au, su, t, k, p)
+        exp = ref.verify_sample(logits, beams, beam_node, au, su, t, k, p)
+        for name, a, b in zip(("accept_len", "best_beam", "path_nodes", "next_token"), got, exp, strict=True):
+            assert a.dtype == b.dtype == torch.int32
+            assert torch.equal(a, b), f"{name} differs at T={t} top_k={k} top_p={p}"
+
+
+def test_native_equals_reference_on_statistical_inputs():
+    # the 100k-row trials of one tree (shared prefixes, duplicate and zero-probability drafts)
+    for case in [(4, 4, "good", 1.0, 0, 1.0), (4, 3, "bad", 1.0, 0, 0.7), (2, 3, "random", 2.0, 3, 0.9)]:
+        W, L, drafter, temperature, top_k, top_p = case
+        table = make_table(L, 5)
+        P = true_probs(table, temperature, top_k, top_p)
+        beams = make_beams(drafter, P, 20_000, W, L, 5)
+        _, _, _, beam_node, _ = ref.build_trie(beams)
+        logits = node_logits(table, beams, beam_node)
+        g = gen(6)
+        au, su = torch.rand(20_000, L - 1, W, generator=g), torch.rand(20_000, generator=g)
+        got = ops.verify_sample(logits, beams.int(), beam_node, au, su, temperature, top_k, top_p)
+        exp = ref.verify_sample(logits, beams, beam_node, au, su, temperature, top_k, top_p)
+        assert all(torch.equal(a, b) for a, b in zip(got, exp, strict=True)), case_id(case)
+
+
+def test_native_passes_the_statistical_test():
+    stat, dof, pval, _ = run_trials(4, 4, "good", 1.0, 0, 1.0, seed=4242, verify=ops.verify_sample)
+    print(f"native W4-L4-good-T1.0: chi2={stat:.1f} dof={dof} p={pval:.3f}")
+    assert pval > 0.01
+
+
+def test_native_rejects_bad_input():
+    logits, beams, beam_node, au, su = random_case(4, 2, 3, 7, seed=8)
+
+    def expect(exc, match, *args):
+        with pytest.raises(exc, match=match):
+            ops.verify_sample(*args)
+
+    expect(ValueError, r"accept_u must have shape \(B, L-1, W\) = \(4, 2, 2\)", logits, beams, beam_node, au[:, :1], su, 1.0)
+    expect(TypeError, "sample_u must have dtype float32", logits, beams, beam_node, au, su.double(), 1.0)
+    expect(ValueError, r"accept_u\[1, 0, 1\] = 1 is not a uniform", logits, beams, beam_node,
+           au.index_put((torch.tensor(1), torch.tensor(0), torch.tensor(1)), torch.tensor(1.0)), su, 1.0)
+    expect(ValueError, r"sample_u\[2\] = -0.5", logits, beams, beam_node, au, su.index_put((torch.tensor(2),), torch.tensor(-0.5)), 1.0)
+    expect(ValueError, "temperature must be a finite float >= 0", logits, beams, beam_node, au, su, -1.0)
+    expect(ValueError, "top_k must be an int >= 0", logits, beams, beam_node, au, su, 1.0, -1)
+    expect(ValueError, r"top_p must be a float in \(0, 1\]", logits, beams, beam_node, au, su, 1.0, 0, 1.5)
+    bad = beams.clone()
+    bad[3, 1, 2] = 7
+    expect(ValueError, r"beams\[3, 1, 2\] = 7 is a draft token outside the vocabulary V = 7", logits, bad, beam_node,
+           au, su, 1.0)
+    bad_node = beam_node.clone()
+    bad_node[0, 0, 1] = 99
+    expect(ValueError, r"beam_node\[0, 0, 1\] = 99 is outside", logits, beams, bad_node, au, su, 1.0)
+    expect(ValueError, "accept_u is on meta", logits, beams, beam_node, au.to("meta"), su, 1.0)
+
+
+def test_native_fake_kernel_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        logits, beams, beam_node, au, su = (mode.from_tensor(t) for t in random_case(3, 2, 4, 9, seed=1))
+        out = ops.verify_sample(logits, beams, beam_node, au, su, 0.8, 2, 0.9)
+    assert [tuple(o.shape) for o in out] == [(3,), (3,), (3, 4), (3,)]
+    assert all(o.dtype == torch.int32 for o in out)

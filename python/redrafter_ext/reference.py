@@ -299,7 +299,8 @@ def verify_sample(
     Args:
         logits: ``(B, N', V)`` float32/float16/bfloat16 target logits at each trie node,
             ``N' >= 1 + W*(L-1)``.
-        beams: ``(B, W, L)`` int draft beams (position 0 is the guaranteed token).
+        beams: ``(B, W, L)`` int draft beams (position 0 is the guaranteed token; draft tokens at
+            positions ``>= 1`` in ``[0, V)``).
         beam_node: ``(B, W, L)`` int node of each beam position (from ``build_trie``).
         accept_u: ``(B, L-1, W)`` float32 uniforms in ``[0, 1)``: ``accept_u[b, d, j]`` decides the
             j-th distinct child tried at depth d (at most W children per node).
@@ -324,6 +325,10 @@ def verify_sample(
     )
     p = sampling_probs(logits, float(temperature), int(top_k), float(top_p))  # [B, N', V] float64
     V = p.shape[-1]
+    torch._assert_async(
+        ((beams[:, :, 1:] >= 0) & (beams[:, :, 1:] < V)).all(),
+        "verify_sample: draft tokens beams[:, :, 1:] must be in [0, V)",
+    )
     bn = beam_node.to(torch.int64)
     tok = beams.to(torch.int64)
     w_idx = torch.arange(W, device=dev)
