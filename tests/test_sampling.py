@@ -25,6 +25,16 @@ TRIALS = 100_000
 ROOT = 0  # the guaranteed token: the table is conditioned on the tokens after it
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # many small element-wise ops on 100k rows: a second intra-op thread only adds barrier waits
+    # (tens of times slower on a shared, busy machine)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -450,3 +460,130 @@ def test_native_fake_kernel_shapes():
         out = ops.verify_sample(logits, beams, beam_node, au, su, 0.8, 2, 0.9)
     assert [tuple(o.shape) for o in out] == [(3,), (3,), (3, 4), (3,)]
     assert all(o.dtype == torch.int32 for o in out)
+
+
+# ------------------------------------------------------------------------------------------------
+# decode_step / generate with sampling
+
+from helpers import random_drafter, random_target  # noqa: E402
+from test_decode import NoHostSync, _forbidden  # noqa: E402
+
+import redrafter_ext as rx  # noqa: E402
+from redrafter_ext.decode import SamplingParams, _start  # noqa: E402
+
+BACKENDS = {"native": ops, "reference": ref}
+PROMPTS = [[5, 17, 3, 9, 22, 41, 8], [60, 2], [11, 12, 13, 14]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_target(vocab=97, hidden=64, layers=2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def greedy_ar(target):
+    return rx.autoregressive_generate(target, PROMPTS, 32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("temperature", [0.0, 1e-6])
+def test_generate_low_temperature_is_greedy(target, greedy_ar, backend, temperature):
+    # 1e-6: exp underflows to exactly 0 for any logit gap > 7.5e-4, so sampling is the argmax
+    for W, L in [(1, 2), (3, 4)]:
+        out = rx.generate(target, random_drafter(target), PROMPTS, 32, beam_width=W, beam_length=L,
+                          ops=BACKENDS[backend], temperature=temperature, top_k=5, top_p=0.9, seed=1)
+        assert out.tokens == greedy_ar.tokens
+    ar = rx.autoregressive_generate(target, PROMPTS, 32, temperature=temperature, seed=2)
+    assert ar.tokens == greedy_ar.tokens
+
+
+def test_generate_sampling_reproducible_and_backend_independent(target, greedy_ar):
+    kw = dict(beam_width=3, beam_length=4, temperature=1.0, top_k=20, top_p=0.95)
+    a = rx.generate(target, random_drafter(target), PROMPTS, 32, seed=5, **kw)
+    b = rx.generate(target, random_drafter(target), PROMPTS, 32, seed=5, ops=ref, **kw)
+    c = rx.generate(target, random_drafter(target), PROMPTS, 32, seed=6, **kw)
+    assert a.tokens == b.tokens  # native and reference take the same decisions on the same uniforms
+    assert a.tokens != c.tokens and a.tokens != greedy_ar.tokens
+    assert all(len(t) == 32 for t in a.tokens)
+    ar = rx.autoregressive_generate(target, PROMPTS, 32, temperature=1.0, top_k=20, top_p=0.95, seed=5)
+    assert ar.tokens == rx.autoregressive_generate(target, PROMPTS, 32, temperature=1.0, top_k=20, top_p=0.95,
+                                                   seed=5).tokens
+
+
+def test_generate_rejects_bad_sampling_options(target):
+    d = random_drafter(target)
+    for kw, match in [({"temperature": -1.0}, "temperature"), ({"temperature": 1.0, "top_k": -1}, "top_k"),
+                      ({"temperature": 1.0, "top_p": 0.0}, "top_p")]:
+        with pytest.raises(ValueError, match=match):
+            rx.generate(target, d, PROMPTS, 4, **kw)
+        with pytest.raises(ValueError, match=match):
+            rx.autoregressive_generate(target, PROMPTS, 4, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_step_with_sampling_never_syncs(target, backend, monkeypatch):
+    sampling = SamplingParams(0.8, 10, 0.9, torch.Generator().manual_seed(0))
+    state = _start(target, PROMPTS, 16, 13, None, None, sampling)
+    drafter = random_drafter(target)
+    for name in ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, _forbidden(name))
+    with NoHostSync():
+        for _ in range(3):
+            rx.decode_step(target, drafter, state, beam_width=4, beam_length=4, ops=BACKENDS[backend],
+                           sampling=sampling)
+    monkeypatch.undo()
+    assert int(state.num_out.min()) >= 3
+
+
+def test_decode_step_explicit_uniforms(target):
+    # the uniforms may be passed in: the step is then a deterministic function of them
+    sampling = SamplingParams(1.0)
+    outs = []
+    for _ in range(2):
+        state = _start(target, PROMPTS, 8, 13, None, None)
+        g = gen(3)
+        u = (torch.rand(3, 3, 4, generator=g), torch.rand(3, generator=g))
+        rx.decode_step(target, random_drafter(target), state, beam_width=4, beam_length=4, sampling=sampling,
+                       uniforms=u)
+        outs.append(state.out.clone())
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(ValueError, match="uniforms are only used with sampling"):
+        rx.decode_step(target, random_drafter(target), state, beam_width=4, beam_length=4, uniforms=u)
+
+
+@pytest.mark.parametrize("method", ["redrafter", "autoregressive"])
+def test_generate_first_tokens_follow_target(method):
+    # end to end on a model: 20k rows of one prompt, the first 3 generated tokens (the prefill
+    # sample, then one or two speculative steps) against the target's enumerated joint distribution
+    Vs, B, n, temperature, top_k, top_p = 11, 20_000, 3, 1.0, 8, 0.95
+    tgt = random_target(vocab=Vs, hidden=32, layers=1, seed=3)
+    prompt = [1, 4, 2, 7]
+    with torch.no_grad():
+        truth = torch.ones(1, dtype=torch.float64)
+        seqs = torch.zeros(1, 0, dtype=torch.int64)
+        for _ in range(n):
+            toks = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
+            kv = tgt.new_kv_cache(len(seqs), toks.shape[1])
+            logits, _ = tgt.prefill(toks, torch.full((len(seqs),), toks.shape[1], dtype=torch.int32), kv)
+            p = ref.sampling_probs(logits, temperature, top_k, top_p)  # [S, V]
+            truth = (truth[:, None] * p).reshape(-1)
+            seqs = torch.cat([seqs.repeat_interleave(Vs, 0), torch.arange(Vs).repeat(len(seqs))[:, None]], dim=1)
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
+    if method == "redrafter":
+        out = rx.generate(tgt, random_drafter(tgt), [prompt] * B, n, beam_width=3, beam_length=3, **kw)
+        assert out.tokens_per_step > 1.05  # speculation really commits several tokens per step
+    else:
+        out = rx.autoregressive_generate(tgt, [prompt] * B, n, **kw)
+    x = torch.tensor(out.tokens)
+    code = (x[:, 0] * Vs + x[:, 1]) * Vs + x[:, 2]
+    stat, dof, pval = chi_square(torch.bincount(code, minlength=Vs**n).double(), truth * B)
+    print(f"{method}: chi2={stat:.1f} dof={dof} p={pval:.3f} tokens/step={out.tokens_per_step:.2f}")
+    assert pval > 0.01
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_native_opcheck(temperature):
+    # schema, fake kernel and autograd registration agree with the real kernel
+    args = random_case(5, 3, 4, 13, seed=2)
+    torch.library.opcheck(torch.ops.redrafter.verify_sample.default, (*args, temperature, 4, 0.9))
+
