@@ -587,3 +587,12 @@ def test_native_opcheck(temperature):
     args = random_case(5, 3, 4, 13, seed=2)
     torch.library.opcheck(torch.ops.redrafter.verify_sample.default, (*args, temperature, 4, 0.9))
 
+
+
+def test_demo_with_sampling(capsys):
+    from redrafter_ext.demo import main
+
+    assert main(["--random-weights", "--prompts", "1", "--max-new-tokens", "8", "--temperature", "0.8",
+                 "--top-k", "50", "--top-p", "0.95", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "AR sampling" in out and "tokens/step" in out and "not compared token for token" in out
