@@ -278,6 +278,32 @@ def test_naive_per_beam_rule_fails(case):
     assert pval < 1e-6
 
 
+MUTANTS = {
+    # accept against the unnormalised p(c) instead of p(c) / remaining mass
+    "no_renormalisation": ("acc = cand & (u * mass < pt)", "acc = cand & (u < pt)"),
+    # after rejections, sample the next token from the full p instead of the residual
+    "no_residual": ("resid = torch.where(stop[:, None], q, resid)",
+                    "resid = torch.where(stop[:, None], p[rows, cur], resid)"),
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_subtle_mutants_fail(mutant):
+    # power check: one-line mutations of the reference (rewritten from its source) must be caught
+    import inspect
+    import textwrap
+
+    old, new = MUTANTS[mutant]
+    src = textwrap.dedent(inspect.getsource(ref.verify_sample))
+    assert old in src, "the reference changed: update MUTANTS"
+    ns = dict(vars(ref))
+    exec(src.replace(old, new), ns)
+    for case in [(4, 3, "good", 1.0, 0, 1.0), (2, 3, "random", 0.5, 0, 1.0)]:
+        stat, dof, pval, _ = run_trials(*case, seed=1009, verify=ns["verify_sample"])
+        print(f"{mutant} {case_id(case)}: chi2={stat:.1f} dof={dof} p={pval:.2e}")
+        assert pval < 1e-3
+
+
 def test_chi_square_survival_function():
     # known quantiles: P(chi2_1 > 3.841) = 0.05, P(chi2_10 > 23.209) = 0.01
     for stat, dof, p in [(3.841458820694124, 1, 0.05), (23.209251158954356, 10, 0.01)]:
