@@ -32,6 +32,7 @@ set(REDRAFTER_TORCH_SOURCES
   csrc/cpu/beam_topk.cpp
   csrc/cpu/build_trie.cpp
   csrc/cpu/verify_greedy.cpp
+  csrc/cpu/verify_sample.cpp
   csrc/cpu/kv_compact.cpp
   csrc/cpu/vec.cpp
 )

@@ -8,7 +8,7 @@ from helpers import OracleDrafter, random_drafter, random_target
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import redrafter_ext as rx
-from redrafter_ext.decode import _start
+from redrafter_ext.decode import SamplingParams, _start
 
 BACKENDS = {"native": rx.ops, "reference": rx.reference}
 PROMPTS_3 = [[5, 17, 3, 9, 22, 41, 8], [60, 2], [11, 12, 13, 14]]
@@ -221,3 +221,23 @@ def test_decode_step_compiles_fullgraph():
         step(state)
     n = state.num_out.tolist()
     assert [state.out[b, : n[b]].tolist() for b in range(2)] == ar.tokens
+
+
+def test_decode_step_with_sampling_compiles_fullgraph():
+    # uniforms passed in as tensors: the sampling step is one graph, equal to eager
+    tgt = random_target(vocab=61, hidden=32, layers=1, seed=2)
+    drafter = random_drafter(tgt, layers=1)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    sampling = SamplingParams(0.9, 10, 0.95)
+
+    def run(step_fn):
+        state = _start(tgt, prompts, 12, 7, None, None)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(6):
+            step_fn(state, (torch.rand(2, 2, 3, generator=g), torch.rand(2, generator=g)))
+        return state.out.clone()
+
+    def step(s, u):
+        return rx.decode_step(tgt, drafter, s, beam_width=3, beam_length=3, ops=rx.ops, sampling=sampling, uniforms=u)
+
+    assert torch.equal(run(step), run(torch.compile(step, fullgraph=True)))

@@ -47,6 +47,16 @@ void verify_greedy(const T* logits, int64_t n_logit_rows, int64_t V, const I* be
                    int64_t W, int64_t L, int32_t* target, int32_t* accept_len, int32_t* best_beam,
                    int32_t* path_nodes, int32_t* next_token, int64_t row_begin, int64_t row_end);
 
+// Exact sampling (recursive rejection over the trie) of beams [B, W, L] against logits
+// [B, n_logit_rows, V]: accept_u [B, L-1, W] and sample_u [B] uniforms in [0, 1), temperature > 0,
+// top_k (0: off), top_p in (0, 1]. Draft tokens (positions >= 1) in [0, V), beam_node values in
+// [0, n_logit_rows). Outputs as verify_greedy; batch rows [row_begin, row_end).
+template <typename T, typename I>
+void verify_sample(const T* logits, int64_t n_logit_rows, int64_t V, const I* beams, const I* beam_node, int64_t W,
+                   int64_t L, const float* accept_u, const float* sample_u, double temperature, int64_t top_k,
+                   double top_p, int32_t* accept_len, int32_t* best_beam, int32_t* path_nodes, int32_t* next_token,
+                   int64_t row_begin, int64_t row_end);
+
 // KV compaction in place on kv [n_layers*2, B, H, S, slot_bytes] (bytes): units
 // u = (layer*2 + k)*B*H + b*H + h in [unit_begin, unit_end). Inputs validated: accept_len in
 // [-1, L-1]; for i <= accept_len[b], i <= path_nodes[b, i] and cache_len[b] + path_nodes[b, i] < S.

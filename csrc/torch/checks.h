@@ -42,6 +42,9 @@ void check_beam_topk_inputs(const at::Tensor& logits, const at::Tensor& scores, 
                             const at::Tensor& state, int64_t step);
 void check_build_trie_inputs(const at::Tensor& beams);
 void check_verify_greedy_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node);
+void check_verify_sample_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node,
+                                const at::Tensor& accept_u, const at::Tensor& sample_u, double temperature,
+                                int64_t top_k, double top_p);
 void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes,
                              const at::Tensor& accept_len);
 

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <tuple>
 #include <type_traits>
@@ -86,6 +87,31 @@ void check_verify_greedy_inputs(const at::Tensor& logits, const at::Tensor& beam
                     ": logits must have 1 <= V < 2^31, got shape ", logits.sizes());
   TORCH_CHECK_VALUE(beam_node.sizes() == beams.sizes(), op, ": beam_node must have shape (B, W, L) = ",
                     beams.sizes(), ", got ", beam_node.sizes());
+}
+
+void check_verify_sample_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node,
+                                const at::Tensor& accept_u, const at::Tensor& sample_u, double temperature,
+                                int64_t top_k, double top_p) {
+  constexpr const char* op = "verify_sample";
+  check_verify_greedy_inputs(logits, beams, beam_node);
+  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
+  check_dim(op, "accept_u", accept_u, 3, "B, L-1, W");
+  TORCH_CHECK_TYPE(accept_u.scalar_type() == at::kFloat, op, ": accept_u must have dtype float32, got ",
+                   accept_u.scalar_type());
+  check_same_device(op, "accept_u", accept_u, logits);
+  check_dim(op, "sample_u", sample_u, 1, "B");
+  TORCH_CHECK_TYPE(sample_u.scalar_type() == at::kFloat, op, ": sample_u must have dtype float32, got ",
+                   sample_u.scalar_type());
+  check_same_device(op, "sample_u", sample_u, logits);
+  TORCH_CHECK_VALUE(accept_u.size(0) == B && accept_u.size(1) == L - 1 && accept_u.size(2) == W, op,
+                    ": accept_u must have shape (B, L-1, W) = (", B, ", ", L - 1, ", ", W, "), got ",
+                    accept_u.sizes());
+  TORCH_CHECK_VALUE(sample_u.size(0) == B, op, ": sample_u must have shape (B,) = (", B, ",), got ",
+                    sample_u.sizes());
+  TORCH_CHECK_VALUE(std::isfinite(temperature) && temperature >= 0.0, op,
+                    ": temperature must be a finite float >= 0, got ", temperature);
+  TORCH_CHECK_VALUE(top_k >= 0, op, ": top_k must be an int >= 0 (0: no top-k), got ", top_k);
+  TORCH_CHECK_VALUE(top_p > 0.0 && top_p <= 1.0, op, ": top_p must be a float in (0, 1] (1: no top-p), got ", top_p);
 }
 
 void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes,
@@ -327,6 +353,69 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(con
 }
 
 // ---------------------------------------------------------------------------------------------
+// verify_sample: every value (token ids, node ids, uniforms) is checked before anything is computed
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cpu(
+    const at::Tensor& logits_in, const at::Tensor& beams_in, const at::Tensor& beam_node_in,
+    const at::Tensor& accept_u_in, const at::Tensor& sample_u_in, double temperature, int64_t top_k, double top_p) {
+  check_verify_sample_inputs(logits_in, beams_in, beam_node_in, accept_u_in, sample_u_in, temperature, top_k, top_p);
+  TORCH_CHECK_VALUE(logits_in.is_cpu(), "verify_sample: logits must be a CPU tensor for the CPU kernel");
+  const at::Tensor accept_u = accept_u_in.contiguous();
+  const at::Tensor sample_u = sample_u_in.contiguous();
+  {
+    const float* u = accept_u.const_data_ptr<float>();
+    const int64_t W = accept_u.size(2), D = accept_u.size(1);
+    for (int64_t k = 0; k < accept_u.numel(); ++k) {
+      TORCH_CHECK_VALUE(u[k] >= 0.0f && u[k] < 1.0f, "verify_sample: accept_u[", k / (D * W), ", ", (k / W) % D, ", ",
+                        k % W, "] = ", u[k], " is not a uniform in [0, 1)");
+    }
+    const float* s = sample_u.const_data_ptr<float>();
+    for (int64_t b = 0; b < sample_u.numel(); ++b) {
+      TORCH_CHECK_VALUE(s[b] >= 0.0f && s[b] < 1.0f, "verify_sample: sample_u[", b, "] = ", s[b],
+                        " is not a uniform in [0, 1)");
+    }
+  }
+  if (temperature == 0.0) return verify_greedy_cpu(logits_in, beams_in, beam_node_in);  // greedy, exactly
+  const at::Tensor logits = logits_in.contiguous();
+  const auto idx = common_index_type(beams_in, beam_node_in);
+  const at::Tensor beams = beams_in.to(idx).contiguous();
+  const at::Tensor beam_node = beam_node_in.to(idx).contiguous();
+  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
+  const int64_t NL = logits.size(1), V = logits.size(2);
+  const auto i32 = logits.options().dtype(at::kInt);
+  at::Tensor accept_len = at::empty({B}, i32);
+  at::Tensor best_beam = at::empty({B}, i32);
+  at::Tensor path_nodes = at::empty({B, L}, i32);
+  at::Tensor next_token = at::empty({B}, i32);
+  AT_DISPATCH_INDEX_TYPES(idx, "verify_sample", [&] {
+    const index_t* bm = beams.const_data_ptr<index_t>();
+    const index_t* bn = beam_node.const_data_ptr<index_t>();
+    check_token_ids("verify_sample", "beams", bm, B, W, L);
+    for (int64_t k = 0; k < B * W * L; ++k) {
+      const int64_t n = static_cast<int64_t>(bn[k]);
+      TORCH_CHECK_VALUE(n >= 0 && n < NL, "verify_sample: beam_node[", k / (W * L), ", ", (k / L) % W, ", ", k % L,
+                        "] = ", n, " is outside the ", NL, " nodes of logits (dim 1)");
+      TORCH_CHECK_VALUE(k % L == 0 || static_cast<int64_t>(bm[k]) < V, "verify_sample: beams[", k / (W * L), ", ",
+                        (k / L) % W, ", ", k % L, "] = ", static_cast<int64_t>(bm[k]),
+                        " is a draft token outside the vocabulary V = ", V, " (logits dim 2)");
+    }
+    dispatch_float(logits.scalar_type(), "verify_sample", [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      // about L softmaxes (and W sums) of V per row
+      const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * (W + 4) * V));
+      at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+        cpu::verify_sample<T, index_t>(logits.const_data_ptr<T>(), NL, V, bm, bn, W, L,
+                                       accept_u.const_data_ptr<float>(), sample_u.const_data_ptr<float>(),
+                                       temperature, top_k, top_p, accept_len.mutable_data_ptr<int32_t>(),
+                                       best_beam.mutable_data_ptr<int32_t>(), path_nodes.mutable_data_ptr<int32_t>(),
+                                       next_token.mutable_data_ptr<int32_t>(), b0, b1);
+      });
+    });
+  });
+  return {accept_len, best_beam, path_nodes, next_token};
+}
+
+// ---------------------------------------------------------------------------------------------
 // kv_compact (in place): every value is checked before the first byte of kv or cache_len is written
 
 void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes_in,
@@ -378,6 +467,7 @@ TORCH_LIBRARY_IMPL(redrafter, CPU, m) {
   m.impl("beam_topk", &beam_topk_cpu);
   m.impl("build_trie", &build_trie_cpu);
   m.impl("verify_greedy", &verify_greedy_cpu);
+  m.impl("verify_sample", &verify_sample_cpu);
   m.impl("kv_compact", &kv_compact_cpu);
 }
 

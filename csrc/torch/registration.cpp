@@ -7,6 +7,10 @@ TORCH_LIBRARY(redrafter, m) {
   m.def("beam_topk(Tensor logits, Tensor scores, Tensor tokens, Tensor state, int step) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("build_trie(Tensor beams) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("verify_greedy(Tensor logits, Tensor beams, Tensor beam_node) -> (Tensor, Tensor, Tensor, Tensor)");
+  // exact sampling: uniforms come in as tensors (accept_u [B, L-1, W], sample_u [B], float32)
+  m.def(
+      "verify_sample(Tensor logits, Tensor beams, Tensor beam_node, Tensor accept_u, Tensor sample_u, "
+      "float temperature, int top_k=0, float top_p=1.0) -> (Tensor, Tensor, Tensor, Tensor)");
   // in place: kv and cache_len are written
   m.def("kv_compact(Tensor(a!) kv, Tensor(b!) cache_len, Tensor path_nodes, Tensor accept_len) -> ()");
 }

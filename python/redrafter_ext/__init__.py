@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch  # noqa: F401  (the native module has no RPATH to libtorch: load torch first)
 
 from . import ops, reference
-from .decode import DecodeState, GenerateOutput, autoregressive_generate, decode_step, generate
+from .decode import DecodeState, GenerateOutput, SamplingParams, autoregressive_generate, decode_step, generate
 from .drafter import Drafter, DrafterConfig, beam_search
 from .models import LlamaConfig, LlamaTarget
 
@@ -19,6 +19,7 @@ __all__ = [
     "reference",
     "DecodeState",
     "GenerateOutput",
+    "SamplingParams",
     "decode_step",
     "generate",
     "autoregressive_generate",

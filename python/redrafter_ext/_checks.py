@@ -120,3 +120,25 @@ def check_kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_l
     L = path_nodes.shape[1]
     if L < 1 or L > S:
         raise ValueError(f"kv_compact: path_nodes length L={L} must be in [1, S={S}]")
+
+
+def check_verify_sample(
+    logits: Tensor, beams: Tensor, beam_node: Tensor, accept_u: Tensor, sample_u: Tensor,
+    temperature: float, top_k: int, top_p: float,
+) -> None:
+    op = "verify_sample"
+    check_verify_greedy(logits, beams, beam_node)
+    dev = logits.device
+    B, W, L = beams.shape
+    check_tensor(op, "accept_u", accept_u, "B, L-1, W", (torch.float32,), dev)
+    check_tensor(op, "sample_u", sample_u, "B", (torch.float32,), dev)
+    check_shape(op, "accept_u", accept_u, (B, L - 1, W), "B, L-1, W")
+    check_shape(op, "sample_u", sample_u, (B,), "B")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+        0.0 <= float(temperature) < float("inf")
+    ):
+        raise ValueError(f"{op}: temperature must be a finite float >= 0, got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"{op}: top_k must be an int >= 0 (0: no top-k), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"{op}: top_p must be a float in (0, 1] (1: no top-p), got {top_p!r}")

@@ -6,14 +6,20 @@ One step, for B rows at once (W beams of L tokens, N = 1 + W*(L-1) trie nodes):
     mask       = ops.tree_mask(parent, num_nodes)                # (B, N, N) ancestor-or-self
     logits, h  = target(trie tokens, cache_len + depth, mask)    # (B, N, V), writes K/V at cache_len+n
     accept     = ops.verify_greedy(logits, beams, beam_node)     # longest beam agreeing with argmax
+                 (or ops.verify_sample(..., uniforms, T, top_k, top_p): exact sampling)
     ops.kv_compact(kv, cache_len, path_nodes, accept)            # keep only the accepted path
     commit root + accepted tokens to the output buffer; hidden, token <- last accepted node
 Every tensor keeps its shape from step to step and the state is updated in place, so the step can
 be captured in a CUDA graph; finished rows keep their shape and are masked.
+
+Sampling (``SamplingParams``): the uniforms of ``verify_sample`` are drawn on the state's device from
+a ``torch.Generator`` (seeded once by ``generate``), so sampling adds no host synchronisation and
+a seed reproduces the output exactly. Temperature 0 is greedy decoding, bit for bit.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,9 +30,17 @@ from torch import Tensor
 
 from ._checks import check_tensor
 from .profiling import StageTimer
-from .reference import num_nodes_max
+from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
 
-__all__ = ["DecodeState", "GenerateOutput", "decode_step", "generate", "autoregressive_generate", "default_ops"]
+__all__ = [
+    "DecodeState",
+    "GenerateOutput",
+    "SamplingParams",
+    "decode_step",
+    "generate",
+    "autoregressive_generate",
+    "default_ops",
+]
 
 
 def default_ops() -> ModuleType:
@@ -39,6 +53,58 @@ def default_ops() -> ModuleType:
 @contextmanager
 def _no_section(name: str):
     yield
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling from the target's distribution after temperature, top-k and top-p.
+
+    temperature  >= 0; 0 is greedy (argmax, ``verify_greedy``), exactly
+    top_k        >= 0; 0 keeps every token
+    top_p        in (0, 1]; 1 keeps every token
+    generator    ``torch.Generator`` on the decode device for the uniforms (None: torch's default
+                 generator of that device)
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"sampling: temperature must be a finite float >= 0, got {t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"sampling: top_k must be an int >= 0 (0: off), got {self.top_k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"sampling: top_p must be a float in (0, 1] (1: off), got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.temperature) == 0.0
+
+    def rand(self, *shape: int, device: torch.device) -> Tensor:
+        """float32 uniforms in [0, 1) drawn on ``device`` (no host synchronisation)."""
+        return torch.rand(*shape, generator=self.generator, device=device, dtype=torch.float32)
+
+    def sample(self, logits: Tensor) -> Tensor:
+        """One token per row of ``logits (B, V)``: int32 ``(B,)`` (argmax when greedy)."""
+        if self.greedy:
+            return logits.argmax(-1).to(torch.int32)
+        p = sampling_probs(logits, float(self.temperature), int(self.top_k), float(self.top_p))
+        return sample_inverse_cdf(p, self.rand(logits.shape[0], device=logits.device))
+
+
+def _sampling_or_none(temperature: float, top_k: int, top_p: float, seed: int, device) -> SamplingParams | None:
+    """generate's keyword options as ``SamplingParams`` (None: greedy); one generator, seeded once."""
+    params = SamplingParams(temperature, top_k, top_p)  # validates
+    if params.greedy:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    return SamplingParams(temperature, top_k, top_p, gen)
 
 
 @dataclass
@@ -103,6 +169,8 @@ def decode_step(
     beam_length: int,
     ops: ModuleType | None = None,
     timer: StageTimer | None = None,
+    sampling: SamplingParams | None = None,
+    uniforms: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """One ReDrafter step for every row, in place on ``state``. Never synchronises with the host.
 
@@ -113,6 +181,10 @@ def decode_step(
             ``cache_len + N`` slots in active rows (``generate`` checks this once up front).
         ops: ``redrafter_ext.ops`` (native, the default) or ``redrafter_ext.reference``.
         timer: optional ``StageTimer`` (adds synchronisation on GPUs; for profiling only).
+        sampling: None or a greedy ``SamplingParams`` for greedy acceptance (``verify_greedy``);
+            otherwise exact sampling (``verify_sample``) with uniforms from ``sampling.generator``.
+        uniforms: optional ``(accept_u (B, L-1, W), sample_u (B,))`` float32 to use instead of
+            drawing them (tests, replay); requires a non-greedy ``sampling``.
 
     Returns:
         ``(B,)`` int32 tokens committed by this step per row (0 for finished rows).
@@ -123,6 +195,8 @@ def decode_step(
         ops = timer.wrap(ops)
     section = timer.section if timer is not None else _no_section
     W, L = beam_width, beam_length
+    if uniforms is not None and (sampling is None or sampling.greedy):
+        raise ValueError("decode_step: uniforms are only used with sampling (temperature > 0)")
 
     # 1-3: draft, merge into a trie, build the ancestor mask
     with section("draft"):
@@ -136,7 +210,16 @@ def decode_step(
     with section("verify"):
         positions = state.cache_len[:, None] + node_depth  # [B, N]
         logits, hidden = target(node_token, positions, mask, state.cache_len, state.kv)
-        accept_len, best_beam, path_nodes, next_token = ops.verify_greedy(logits, beams, beam_node)
+        if sampling is None or sampling.greedy:
+            accept_len, best_beam, path_nodes, next_token = ops.verify_greedy(logits, beams, beam_node)
+        else:
+            B = beams.shape[0]
+            if uniforms is None:
+                uniforms = (sampling.rand(B, L - 1, W, device=logits.device), sampling.rand(B, device=logits.device))
+            accept_len, best_beam, path_nodes, next_token = ops.verify_sample(
+                logits, beams, beam_node, uniforms[0], uniforms[1],
+                float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
+            )
     with section("commit"):
         return _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section)
 
@@ -221,8 +304,9 @@ def _prepare_prompts(target, prompts: Sequence[Sequence[int]] | Tensor, device) 
 
 
 @torch.no_grad()
-def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None):
-    """Validate, allocate the cache and prefill. Returns (state, lengths)."""
+def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None,
+           sampling: SamplingParams | None = None):
+    """Validate, allocate the cache and prefill (the first token sampled when ``sampling``)."""
     if max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
     if eos_id is not None and not 0 <= eos_id < target.vocab_size:
@@ -242,7 +326,8 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
     logits, hidden = target.prefill(tokens, lengths, kv)
     z = torch.zeros(B, dtype=torch.int32, device=dev)
     state = DecodeState(
-        kv=kv, cache_len=lengths.clone(), hidden=hidden, token=logits.argmax(-1).to(torch.int32),
+        kv=kv, cache_len=lengths.clone(), hidden=hidden,
+        token=(sampling or SamplingParams(0.0)).sample(logits),
         out=torch.zeros(B, max_new_tokens + slack, dtype=torch.int32, device=dev), num_out=z.clone(),
         done=torch.full((B,), max_new_tokens == 0, device=dev), steps=z.clone(), nodes=z.clone(),
         max_new_tokens=max_new_tokens, eos_id=eos_id,
@@ -275,8 +360,12 @@ def generate(
     check_every: int = 4,
     max_len: int | None = None,
     timer: StageTimer | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
 ) -> GenerateOutput:
-    """Greedy ReDrafter generation: prefill, then ``decode_step`` until every row is done.
+    """ReDrafter generation: prefill, then ``decode_step`` until every row is done.
 
     Args:
         prompts: B prompts of any lengths (list of token-id lists, or a ``(B, T)`` tensor).
@@ -286,14 +375,22 @@ def generate(
         check_every: read the "all rows done" flag on the host once every this many steps.
         max_len: cache length S (default: just enough).
         timer: optional ``StageTimer`` collecting per-stage time.
+        temperature, top_k, top_p: sampling (``SamplingParams``); temperature 0 (the default) is
+            greedy. With sampling, the tokens follow the target's processed distribution exactly
+            (exact recursive rejection over the trie, ``verify_sample``).
+        seed: seeds the one ``torch.Generator`` (on the target's device) of all the uniforms.
 
     Returns:
-        ``GenerateOutput`` whose tokens equal ``autoregressive_generate``'s, token for token.
+        ``GenerateOutput``; greedy: tokens equal ``autoregressive_generate``'s, token for token;
+        sampling: distributed as ``autoregressive_generate``'s with the same options, and
+        reproducible for a given seed.
     """
     N = num_nodes_max(beam_width, beam_length)
-    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len)
+    sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
+    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling)
     for step in range(max_new_tokens):
-        decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops, timer=timer)
+        decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops, timer=timer,
+                    sampling=sampling)
         if (step + 1) % check_every == 0 and bool(state.done.all()):  # sync-ok: once every k steps
             break
     return _finish(state)
@@ -308,9 +405,19 @@ def autoregressive_generate(
     eos_id: int | None = None,
     check_every: int = 4,
     max_len: int | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
 ) -> GenerateOutput:
-    """Plain greedy decoding with the same target and cache: one token per forward."""
-    state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len)
+    """Plain decoding with the same target and cache: one token per forward.
+
+    Greedy by default; ``temperature > 0`` samples each token from the target's distribution after
+    temperature, top-k and top-p (``reference.sampling_probs``), uniforms from one generator seeded
+    with ``seed``: the baseline ``generate`` matches in distribution.
+    """
+    sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device) or SamplingParams(0.0)
+    state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling)
     B = state.token.shape[0]
     ones = torch.ones(B, 1, 1, dtype=torch.bool, device=state.token.device)
     col = torch.arange(B, device=state.token.device)
@@ -326,7 +433,7 @@ def autoregressive_generate(
         state.num_out.add_(a)
         state.steps.add_(a)
         state.nodes.add_(a)
-        state.token.copy_(torch.where(active, logits[:, 0].argmax(-1).to(torch.int32), tok))
+        state.token.copy_(torch.where(active, sampling.sample(logits[:, 0]), tok))
         finished = state.num_out >= max_new_tokens
         if eos_id is not None:
             finished |= active & (tok == eos_id)

@@ -21,13 +21,14 @@ from ._checks import (
     check_kv_compact,
     check_tree_mask,
     check_verify_greedy,
+    check_verify_sample,
 )
 from .reference import num_nodes_max
 
-__all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "kv_compact", "NATIVE_OPS"]
+__all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "NATIVE_OPS"]
 
 # which ops have a native kernel; the rest of this module re-exports the reference on purpose
-NATIVE_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "kv_compact")
+NATIVE_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact")
 
 
 def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:
@@ -219,6 +220,87 @@ def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Ten
 @torch.library.register_fake("redrafter::verify_greedy")
 def _verify_greedy_fake(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Tensor, ...]:
     check_verify_greedy(logits, beams, beam_node)
+    B, _, L = beams.shape
+    return (
+        logits.new_empty((B,), dtype=torch.int32),
+        logits.new_empty((B,), dtype=torch.int32),
+        logits.new_empty((B, L), dtype=torch.int32),
+        logits.new_empty((B,), dtype=torch.int32),
+    )
+
+
+def verify_sample(
+    logits: Tensor,
+    beams: Tensor,
+    beam_node: Tensor,
+    accept_u: Tensor,
+    sample_u: Tensor,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> tuple[Tensor, ...]:
+    """Exact sampling: recursive rejection over the trie (native kernel, CPU).
+
+    ``p`` is the target's distribution at a node after temperature, top-k and top-p
+    (``reference.sampling_probs``, float64). From the root, the node's distinct children are tried
+    in beam order (a child ranks by the lowest beam through it); the j-th tried, token ``t``, is
+    accepted when ``accept_u[b, depth, j] * mass < p(t)``, ``mass`` the sum of the not yet rejected
+    ``p``; on rejection ``p(t) = 0``. The walk continues at an accepted child; when every child is
+    rejected (or at depth L-1) the next token is drawn from the remaining ``p`` by inverse CDF
+    with ``sample_u[b]``. With i.i.d. U[0, 1) uniforms the committed tokens follow the target's
+    distribution exactly. Decisions equal ``reference.verify_sample``'s given the same uniforms.
+    ``temperature == 0`` is ``verify_greedy`` exactly. Only the nodes the walk reaches are reduced
+    over V.
+
+    Parameters
+    ----------
+    logits : Tensor
+        ``(B, N', V)`` float32/float16/bfloat16 target logits at each trie node, ``N' >= 1 + W*(L-1)``.
+    beams : Tensor
+        ``(B, W, L)`` int32/int64 draft beams; position 0 the guaranteed token, draft tokens in
+        ``[0, V)``.
+    beam_node : Tensor
+        ``(B, W, L)`` int32/int64 node of each beam position (from ``build_trie``), in ``[0, N')``.
+    accept_u : Tensor
+        ``(B, L-1, W)`` float32 uniforms in ``[0, 1)``: ``accept_u[b, d, j]`` decides the j-th
+        distinct child tried at depth ``d``.
+    sample_u : Tensor
+        ``(B,)`` float32 uniform in ``[0, 1)`` for the next token.
+    temperature : float
+        ``>= 0``; 0 is greedy.
+    top_k : int
+        ``>= 0``; 0 is off.
+    top_p : float
+        In ``(0, 1]``; 1 is off.
+
+    Returns
+    -------
+    accept_len, best_beam, path_nodes, next_token : Tensor
+        As ``verify_greedy`` (all int32): accepted drafts ``(B,)``, the lowest beam containing the
+        accepted path ``(B,)``, its nodes ``(B, L)`` root first (-1 past ``accept_len``), and the
+        token sampled at the stop node ``(B,)``.
+
+    Examples
+    --------
+    >>> beams = torch.tensor([[[5, 1, 2], [5, 3, 0]]])
+    >>> beam_node = torch.tensor([[[0, 1, 2], [0, 3, 4]]])
+    >>> logits = torch.zeros(1, 5, 4); logits[0, 0, 3] = 9.0   # the root almost surely says 3
+    >>> au = torch.tensor([[[0.5, 0.5], [0.1, 0.5]]]); su = torch.tensor([0.5])
+    >>> a, w, path, nxt = verify_sample(logits, beams, beam_node, au, su, temperature=1.0)
+    >>> a.tolist(), w.tolist(), path.tolist()   # 1 rejected, 3 accepted, then 0 (p = 1/4) accepted
+    ([2], [1], [[0, 3, 4]])
+    """
+    return torch.ops.redrafter.verify_sample(
+        logits, beams, beam_node, accept_u, sample_u, float(temperature), int(top_k), float(top_p)
+    )
+
+
+@torch.library.register_fake("redrafter::verify_sample")
+def _verify_sample_fake(
+    logits: Tensor, beams: Tensor, beam_node: Tensor, accept_u: Tensor, sample_u: Tensor,
+    temperature: float, top_k: int = 0, top_p: float = 1.0,
+) -> tuple[Tensor, ...]:
+    check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
     B, _, L = beams.shape
     return (
         logits.new_empty((B,), dtype=torch.int32),

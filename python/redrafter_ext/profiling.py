@@ -16,7 +16,7 @@ import torch
 # stage names in pipeline order; "draft_rnn" is the drafter's time minus its beam_topk calls
 STAGES = ("draft_rnn", "beam_topk", "trie", "verify", "kv_compact", "commit")
 _OP_STAGE = {"beam_topk": "beam_topk", "build_trie": "trie", "tree_mask": "trie", "verify_greedy": "verify",
-             "kv_compact": "kv_compact"}
+             "verify_sample": "verify", "kv_compact": "kv_compact"}
 
 
 class StageTimer:
@@ -41,7 +41,7 @@ class StageTimer:
             self.seconds[name] += time.perf_counter() - t0
 
     def wrap(self, ops):
-        """A stand-in for an ops module whose five ops record their time under their stage."""
+        """A stand-in for an ops module whose ops record their time under their stage."""
 
         def timed(name, fn):
             def call(*args, **kwargs):

@@ -22,9 +22,20 @@ from ._checks import (
     check_kv_compact,
     check_tree_mask,
     check_verify_greedy,
+    check_verify_sample,
 )
 
-__all__ = ["beam_topk", "build_trie", "tree_mask", "verify_greedy", "kv_compact", "num_nodes_max"]
+__all__ = [
+    "beam_topk",
+    "build_trie",
+    "tree_mask",
+    "verify_greedy",
+    "verify_sample",
+    "kv_compact",
+    "num_nodes_max",
+    "sampling_probs",
+    "sample_inverse_cdf",
+]
 
 
 def num_nodes_max(beam_width: int, beam_length: int) -> int:
@@ -191,6 +202,176 @@ def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Ten
     path_nodes = torch.where(i[None, :] <= accept_len[:, None], path, -1)
     last = torch.gather(path, 1, accept_len[:, None].to(torch.int64))
     next_token = torch.gather(target, 1, last).reshape(B)
+    return accept_len.to(torch.int32), best.to(torch.int32), path_nodes.to(torch.int32), next_token
+
+
+def sampling_probs(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """The sampling distribution of ``logits`` after temperature, top-k and top-p, in float64.
+
+    The exact arithmetic (shared bit for bit with the native ``verify_sample`` kernel, whose
+    decisions must equal this reference's given the same uniforms):
+
+    1. ``x = float64(logits) * (1.0 / temperature)`` (``temperature > 0``; the reciprocal is a
+       Python float, so one correctly rounded float64 multiply per logit).
+    2. top-k (``0 < top_k < V``): keep the tokens with ``x >= `` the k-th largest ``x`` (ties at
+       the boundary are all kept, as in Hugging Face's ``TopKLogitsWarper``).
+    3. ``e = exp(x - max(x))`` on kept tokens (0 elsewhere); ``p = e / Z`` with ``Z`` the sum of
+       ``e`` in index order (``cumsum(-1)[..., -1]``: a sequential float64 sum).
+    4. top-p (``top_p < 1``): sort ``p`` descending (ties: lower index first), keep the tokens whose
+       exclusive prefix mass (sequential float64 sum in that order) is ``< top_p``, i.e. the
+       smallest prefix holding at least ``top_p`` (at least one token), then renormalise by the
+       sequential index-order sum of the kept ``p``.
+
+    Args:
+        logits: ``(..., V)`` float32/float16/bfloat16.
+        temperature: ``> 0``.
+        top_k: 0 (off) or the number of tokens kept.
+        top_p: in ``(0, 1]``; 1 is off.
+
+    Returns:
+        ``(..., V)`` float64 probabilities, summing to 1 up to rounding.
+    """
+    x = logits.double() * (1.0 / float(temperature))
+    V = x.shape[-1]
+    if 0 < top_k < V:
+        thr = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = torch.where(x >= thr, x, float("-inf"))
+    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    p = e / e.cumsum(dim=-1)[..., -1:]
+    if top_p < 1.0:
+        sp, order = torch.sort(p, dim=-1, descending=True, stable=True)
+        csum = sp.cumsum(dim=-1)
+        excl = torch.cat([torch.zeros_like(csum[..., :1]), csum[..., :-1]], dim=-1)
+        keep_sorted = excl < top_p
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        p = torch.where(keep, p, 0.0)
+        p = p / p.cumsum(dim=-1)[..., -1:]
+    return p
+
+
+def sample_inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF sampling: the first token whose cumulative mass exceeds ``u * total``.
+
+    Args:
+        probs: ``(..., V)`` non-negative weights (float64 from ``sampling_probs``), need not sum
+            to 1 (a residual distribution is renormalised implicitly).
+        u: ``(...)`` uniforms in ``[0, 1)`` (float32).
+
+    Returns:
+        ``(...)`` int32 token ids; never a zero-weight token (rounding that would step past the
+        last positive weight is clamped to it).
+    """
+    c = probs.cumsum(dim=-1)
+    thr = u.double()[..., None] * c[..., -1:]
+    tok = (c <= thr).sum(dim=-1)
+    V = probs.shape[-1]
+    idx = torch.arange(V, device=probs.device)
+    last_pos = torch.where(probs > 0, idx, 0).amax(dim=-1)
+    return torch.minimum(tok, last_pos).to(torch.int32)
+
+
+def verify_sample(
+    logits: Tensor,
+    beams: Tensor,
+    beam_node: Tensor,
+    accept_u: Tensor,
+    sample_u: Tensor,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Exact sampling: recursive rejection over the trie, the sampling counterpart of ``verify_greedy``.
+
+    With ``p`` the target's distribution at a node (``sampling_probs``: temperature, top-k, top-p),
+    starting at the root: try the node's distinct children in beam order (child ``c`` ranks by the
+    lowest beam passing through it); the j-th child tried, with token ``t``, is accepted when
+    ``accept_u[b, depth, j] * mass < p(t)`` (float64), ``mass`` being the sum of the not yet
+    rejected ``p`` in index order, i.e. with probability ``p(t)`` renormalised; on rejection
+    ``p(t) = 0``. An accepted child becomes the current node (the walk stops at depth L-1); when
+    every child is rejected (or at a leaf) the next token is drawn from the remaining ``p`` by
+    inverse CDF with ``sample_u[b]``. The committed tokens (accepted drafts + next token) are then
+    distributed exactly as the target's when the uniforms are i.i.d. U[0, 1) and the beams do not
+    depend on them. ``temperature == 0`` is ``verify_greedy`` exactly (the uniforms are unused).
+
+    Randomness enters only through the two uniform tensors: fixed shapes, no host RNG, no host
+    synchronisation, deterministic given its inputs.
+
+    Args:
+        logits: ``(B, N', V)`` float32/float16/bfloat16 target logits at each trie node,
+            ``N' >= 1 + W*(L-1)``.
+        beams: ``(B, W, L)`` int draft beams (position 0 is the guaranteed token; draft tokens at
+            positions ``>= 1`` in ``[0, V)``).
+        beam_node: ``(B, W, L)`` int node of each beam position (from ``build_trie``).
+        accept_u: ``(B, L-1, W)`` float32 uniforms in ``[0, 1)``: ``accept_u[b, d, j]`` decides the
+            j-th distinct child tried at depth d (at most W children per node).
+        sample_u: ``(B,)`` float32 uniform in ``[0, 1)`` for the final (next) token.
+        temperature: float ``>= 0``; 0 means greedy.
+        top_k: int ``>= 0``, 0 is off.
+        top_p: float in ``(0, 1]``, 1 is off.
+
+    Returns:
+        As ``verify_greedy``: ``accept_len (B,)`` (0..L-1), ``best_beam (B,)`` (the lowest beam
+        containing the accepted path), ``path_nodes (B, L)`` (-1 past ``accept_len``),
+        ``next_token (B,)`` (the token sampled at the stop node). All int32.
+    """
+    check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
+    if float(temperature) == 0.0:
+        return verify_greedy(logits, beams, beam_node)
+    B, W, L = beams.shape
+    dev = logits.device
+    torch._assert_async(
+        ((accept_u >= 0) & (accept_u < 1)).all() & ((sample_u >= 0) & (sample_u < 1)).all(),
+        "verify_sample: accept_u and sample_u must be in [0, 1)",
+    )
+    p = sampling_probs(logits, float(temperature), int(top_k), float(top_p))  # [B, N', V] float64
+    V = p.shape[-1]
+    torch._assert_async(
+        ((beams[:, :, 1:] >= 0) & (beams[:, :, 1:] < V)).all(),
+        "verify_sample: draft tokens beams[:, :, 1:] must be in [0, V)",
+    )
+    bn = beam_node.to(torch.int64)
+    tok = beams.to(torch.int64)
+    w_idx = torch.arange(W, device=dev)
+    # first[b, w, d]: beam w is the lowest beam through its node at depth d+1 (a distinct child)
+    same = bn[:, :, None, 1:] == bn[:, None, :, 1:]  # [B, W(w), W(v), L-1]
+    lower = (w_idx[None, :] < w_idx[:, None])[None, :, :, None]  # v < w
+    first = ~(same & lower).any(dim=2)  # [B, W, L-1]
+
+    rows = torch.arange(B, device=dev)
+    cur = bn[:, 0, 0]
+    alive = torch.ones(B, dtype=torch.bool, device=dev)
+    accept_len = torch.zeros(B, dtype=torch.int64, device=dev)
+    resid = torch.zeros(B, V, dtype=p.dtype, device=dev)
+    for d in range(L - 1):
+        q = p[rows, cur]  # [B, V]
+        accepted = torch.zeros(B, dtype=torch.bool, device=dev)
+        child = cur
+        rank = torch.zeros(B, dtype=torch.int64, device=dev)
+        for w in range(W):
+            cand = alive & ~accepted & first[:, w, d] & (bn[:, w, d] == cur)
+            t = tok[:, w, d + 1]
+            pt = torch.gather(q, 1, t[:, None])[:, 0]
+            mass = q.cumsum(dim=-1)[:, -1]
+            u = torch.gather(accept_u[:, d, :], 1, rank.clamp(max=W - 1)[:, None])[:, 0].double()
+            acc = cand & (u * mass < pt)
+            rej = cand & ~acc
+            q = q.scatter(1, t[:, None], torch.where(rej, 0.0, pt)[:, None])
+            accepted |= acc
+            child = torch.where(acc, bn[:, w, d + 1], child)
+            rank += cand.to(torch.int64)
+        stop = alive & ~accepted
+        resid = torch.where(stop[:, None], q, resid)
+        accept_len += (alive & accepted).to(torch.int64)
+        cur = torch.where(alive & accepted, child, cur)
+        alive &= accepted
+    resid = torch.where(alive[:, None], p[rows, cur], resid)
+    next_token = sample_inverse_cdf(resid, sample_u)
+    # the lowest beam through the last accepted node (a trie node fixes its whole prefix)
+    at_last = torch.gather(bn, 2, accept_len[:, None, None].expand(B, W, 1))[:, :, 0] == cur[:, None]
+    best = torch.where(at_last, w_idx[None, :], W).amin(dim=1)
+    path = torch.gather(bn, 1, best[:, None, None].expand(B, 1, L)).reshape(B, L)
+    i = torch.arange(L, device=dev)
+    path_nodes = torch.where(i[None, :] <= accept_len[:, None], path, -1)
     return accept_len.to(torch.int32), best.to(torch.int32), path_nodes.to(torch.int32), next_token
 
 
