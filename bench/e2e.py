@@ -56,6 +56,10 @@ def main(argv=None) -> int:
               "nodes_per_step", *[f"ms_{s}" for s in STAGES]]
     print(" | ".join(header))
     rows = []
+    # rows are written as they come, so a long grid that is interrupted keeps what it measured
+    csv_file = open(a.out / "e2e.csv", "w", newline="")  # noqa: SIM115
+    writer = csv.DictWriter(csv_file, fieldnames=header)
+    writer.writeheader()
     ar_cache: dict[int, tuple[list, list[float], int]] = {}
     for B in a.batches:
         prompts = load_prompt_ids(tok, max(a.prompts, B) // B * B, 200, target.vocab_size)
@@ -104,12 +108,11 @@ def main(argv=None) -> int:
                     **{f"ms_{s}": 1e3 * split[s] / row_steps for s in STAGES},
                 }
                 rows.append(r)
+                writer.writerow(r)
+                csv_file.flush()
                 print(" | ".join(f"{r[h]:.2f}" if isinstance(r[h], float) else str(r[h]) for h in header), flush=True)
 
-    with open(a.out / "e2e.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header)
-        w.writeheader()
-        w.writerows(rows)
+    csv_file.close()
     best = max((r for r in rows if r["B"] == 1), key=lambda r: r["speedup"], default=None)
     if best:
         print(f"# best at batch 1: W={best['W']} L={best['L']}: {best['speedup']:.2f}x, "
