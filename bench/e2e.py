@@ -60,7 +60,6 @@ def main(argv=None) -> int:
     csv_file = open(a.out / "e2e.csv", "w", newline="")  # noqa: SIM115
     writer = csv.DictWriter(csv_file, fieldnames=header)
     writer.writeheader()
-    ar_cache: dict[int, tuple[list, list[float], int]] = {}
     for B in a.batches:
         prompts = load_prompt_ids(tok, max(a.prompts, B) // B * B, 200, target.vocab_size)
         batches = [prompts[i : i + B] for i in range(0, len(prompts), B)]
@@ -74,7 +73,6 @@ def main(argv=None) -> int:
             ar_times.append(t)
         ar_tokens = [row for o in outs for row in o.tokens]
         n_tok = sum(map(len, ar_tokens))
-        ar_cache[B] = (ar_tokens, ar_times, n_tok)
         ar_tps = [n_tok / t for t in ar_times]
         for W in a.widths:
             for L in a.lengths:
