@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import redrafter_ext as rx
-from redrafter_ext.demo import CHECKPOINTS, load_models, load_prompt_ids
+from redrafter_ext.demo import CHECKPOINTS, DTYPES, load_models, load_prompt_ids
 from redrafter_ext.profiling import STAGES, StageTimer
 
 
@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=8, help="prompts per run (a multiple of the batch is used)")
     p.add_argument("--quick", action="store_true", help="a small grid, 3 runs (smoke test)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="checkpoint")
     p.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     a = p.parse_args(argv)
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    target, drafter, tok, desc = load_models(a.checkpoints, random_weights=False)
+    target, drafter, tok, desc = load_models(a.checkpoints, random_weights=False, drafter_dtype=DTYPES[a.drafter_dtype])
     eos = target.config.eos_token_id
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"# {desc}; torch {torch.__version__}, {torch.get_num_threads()} threads; median of {a.runs} runs, "

@@ -26,15 +26,20 @@ from .models import LlamaConfig, LlamaTarget
 from .profiling import STAGES, StageTimer
 
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+DTYPES = {"checkpoint": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def load_models(folder: Path, random_weights: bool):
-    """(target, drafter, tokenizer or None, description). Random weights when none are shipped."""
+def load_models(folder: Path, random_weights: bool, drafter_dtype: torch.dtype | None = None):
+    """(target, drafter, tokenizer or None, description). Random weights when none are shipped.
+
+    The target runs in float32 (greedy equality with AR is checked token for token); the drafter in
+    ``drafter_dtype`` (default: the checkpoint's, bf16).
+    """
     tdir, ddir = folder / "target", folder / "drafter"
     if not random_weights and (tdir / "config.json").is_file() and (ddir / "drafter_config.json").is_file():
         target = LlamaTarget.from_pretrained(tdir, dtype=torch.float32)
-        # shipped in bf16 for size; float32 compute is faster on CPUs without bf16 matrix units
-        drafter = Drafter.from_pretrained(ddir, dtype=torch.float32)
+        # the drafter runs at small M (W rows), where reading bf16 weights beats float32 compute
+        drafter = Drafter.from_pretrained(ddir, dtype=drafter_dtype)
         tok = None
         if (tdir / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
@@ -66,8 +71,10 @@ def n_params(m: torch.nn.Module) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m redrafter_ext.demo", description=__doc__.split("\n")[0])
-    p.add_argument("--beam-width", "-W", type=int, default=4)
-    p.add_argument("--beam-length", "-L", type=int, default=4, help="tokens per beam, the guaranteed one included")
+    # defaults: the best batch-1 configuration measured on a 2-core CPU (bench/e2e.py), where a
+    # wider tree costs more verify time than its extra acceptance buys
+    p.add_argument("--beam-width", "-W", type=int, default=1)
+    p.add_argument("--beam-length", "-L", type=int, default=8, help="tokens per beam, the guaranteed one included")
     p.add_argument("--batch-size", "-B", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=8, help="held-out prompts to decode")
@@ -76,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
     p.add_argument("--random-weights", action="store_true", help="ignore shipped checkpoints")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="checkpoint",
+                   help="drafter compute dtype (default: the checkpoint's, bf16)")
     p.add_argument("--show", type=int, default=1, help="print this many decoded samples")
     p.add_argument("--temperature", "-T", type=float, default=0.0, help="0: greedy (default); > 0: sampling")
     p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0: all)")
@@ -86,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     ops = native_ops if a.ops == "native" else reference
 
-    target, drafter, tok, desc = load_models(a.checkpoints, a.random_weights)
+    target, drafter, tok, desc = load_models(a.checkpoints, a.random_weights, DTYPES[a.drafter_dtype])
     eos = target.config.eos_token_id
     prompts = load_prompt_ids(tok, a.prompts, a.prompt_chars, target.vocab_size)
     W, L, B = a.beam_width, a.beam_length, a.batch_size
