@@ -295,3 +295,102 @@ def test_sanitized():
         env=env, capture_output=True, text=True, cwd=Path(__file__).parent.parent,
     )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+
+
+# ------------------------------------------------------------------------------------------------
+# beam_topk
+
+
+def beam_inputs(B, W, V, L, D, dtype, step, seed, tokens_dtype=torch.int64, state_dtype=None):
+    g = gen(seed)
+    logits = (torch.randn(B, W, V, generator=g) * 3).to(dtype)
+    if step == 1:
+        scores = torch.full((B, W), float("-inf"))
+        scores[:, 0] = 0.0
+    else:
+        scores = -(torch.rand(B, W, generator=g) * 10).sort(dim=1).values
+    tokens = torch.randint(0, V, (B, W, L), generator=g).to(tokens_dtype)
+    state = torch.randn(B, W, D, generator=g).to(state_dtype or dtype)
+    return logits, scores, tokens, state, step
+
+
+def run_beam_topk(emu, logits, scores, tokens, state, step, seed):
+    B, W, V = logits.shape
+    L, D = tokens.shape[2], state.shape[2]
+    scores_out = np.full((B, W), 12345.0, dtype=np.float32)
+    tokens_out, parent_out = i32(B, W, L), i32(B, W)
+    state_out = torch.full((B, W, D), 777.0, dtype=state.dtype)
+    state_np = np_of(state_out).copy()
+    ws = np.empty(emu.beam_topk_workspace_bytes(B, W, V) + 64, dtype=np.uint8)
+    off = (-ws.ctypes.data) % 16
+    emu.set_seed(seed)
+    emu.beam_topk(np_of(logits), KIND16[logits.dtype], np_of(scores), np_of(tokens), np_of(state), step,
+                  scores_out, tokens_out, state_np, parent_out, ws[off:])
+    state_t = torch.from_numpy(state_np.view(np.int16)).view(state.dtype) if state.element_size() == 2 else torch.from_numpy(state_np)
+    return torch.from_numpy(scores_out), torch.from_numpy(tokens_out), state_t, torch.from_numpy(parent_out)
+
+
+def check_beam_topk(emu, args, atol=1e-5, seeds_=SEEDS):
+    exp = ref.beam_topk(*args)
+    for seed in seeds_:
+        got = run_beam_topk(emu, *args, seed=seed)
+        assert torch.equal(got[3], exp[3]), f"parent (seed {seed})\n{got[3]}\n{exp[3]}"
+        assert torch.equal(got[1], exp[1]), f"tokens (seed {seed})"
+        assert torch.equal(got[2], exp[2]), f"state (seed {seed})"
+        torch.testing.assert_close(got[0], exp[0], atol=atol, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("B,W,L,D", [(1, 1, 2, 1), (3, 2, 5, 64), (7, 8, 5, 1), (1, 64, 16, 64), (3, 64, 2, 1)])
+@pytest.mark.parametrize("step", (1, "last"))
+def test_beam_topk_small_vocab(emu, B, W, L, D, dtype, step):
+    step = L - 1 if step == "last" else step
+    check_beam_topk(emu, beam_inputs(B, W, 111, L, D, dtype, step, seed=B + W + L + step))
+
+
+@pytest.mark.parametrize(
+    "B,W,V,dtype",
+    [(1, 8, 32000, torch.float32), (3, 2, 32000, torch.bfloat16), (1, 64, 32000, torch.float16),
+     (1, 4, 128256, torch.bfloat16)],
+)
+def test_beam_topk_big(emu, B, W, V, dtype):
+    check_beam_topk(emu, beam_inputs(B, W, V, 3, 4, dtype, 2, seed=V + W), seeds_=SEEDS[:2] if V > 100000 else SEEDS)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_beam_topk_ties(emu, dtype):
+    # integer logits: exact ties everywhere, across splits and beams (ties to the lower flat index)
+    B, W, V = 2, 8, 5000
+    logits = torch.randint(0, 3, (B, W, V), generator=gen(5)).to(dtype)
+    scores = torch.zeros(B, W)
+    tokens = torch.zeros(B, W, 3, dtype=torch.int32)
+    check_beam_topk(emu, (logits, scores, tokens, torch.randn(B, W, 2).to(dtype), 1))
+    # W > V: a row contributes only V candidates
+    check_beam_topk(emu, beam_inputs(2, 8, 5, 3, 2, dtype, 2, seed=6))
+    # few finite logits: -inf candidates fill the top-W by index
+    logits = torch.full((1, 4, 3000), float("-inf"))
+    logits[0, :, 2500] = 1.0
+    check_beam_topk(emu, (logits.to(dtype), torch.zeros(1, 4), tokens[:1, :4], torch.randn(1, 4, 2), 1))
+
+
+def test_beam_topk_nonfinite(emu):
+    B, W, V = 3, 4, 3000
+    logits, scores, tokens, state, step = beam_inputs(B, W, V, 3, 2, torch.float32, 2, seed=9)
+    logits[0, 1, 7] = float("nan")
+    logits[1, 2, :] = float("-inf")
+    logits[2, 0, 2999] = float("inf")
+    scores[1, 0] = float("-inf")
+    check_beam_topk(emu, (logits, scores, tokens, state, step))
+    scores[2, 3] = float("inf")
+    check_beam_topk(emu, (logits, scores, tokens, state, step))
+
+
+def test_beam_topk_rounding_ties(emu):
+    # large scores: f = s + ((x - m) - logsum) rounds different x to equal f; the reference orders
+    # them by index, which can put a lower-x element (beyond the per-split slack) into the top-W
+    B, W, V = 1, 4, 6000
+    g = gen(11)
+    logits = torch.randn(B, W, V, generator=g) * 1e-3
+    scores = torch.full((B, W), 3.0e4)
+    tokens = torch.zeros(B, W, 3, dtype=torch.int64)
+    check_beam_topk(emu, (logits, scores, tokens, torch.randn(B, W, 1), 1))
