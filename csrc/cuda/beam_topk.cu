@@ -23,6 +23,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kSlack = 8;
+constexpr int kItems = 8;  // positions per thread in block_select's ordered compaction
 constexpr int64_t kTargetCtas = 264;  // ~2 waves of CTAs on a 132-SM GPU
 constexpr int64_t kMinChunk = 2048;
 constexpr int64_t kMaxCandBytes = 32 * 1024;  // row kernel: candidates staged in shared memory
@@ -135,17 +136,26 @@ __device__ uint32_t block_select(const KeyFn& key, int64_t n, int k, int* sm, in
     pmask |= 255u << shift;
     need = scratch[33];
   }
+  // ordered compaction, kItems consecutive positions per thread and tile
   const uint32_t thr = prefix;
   int taken = 0, eq_seen = 0;
-  for (int64_t t0 = 0; t0 < n && taken < k; t0 += blockDim.x) {
-    const int64_t i = t0 + threadIdx.x;
-    const uint32_t u = i < n ? key(i) : 0u;
-    const bool gt = i < n && u > thr, eq = i < n && u == thr;
+  const int64_t tile = static_cast<int64_t>(blockDim.x) * kItems;
+  for (int64_t t0 = 0; t0 < n && taken < k; t0 += tile) {
+    const int64_t first = t0 + static_cast<int64_t>(threadIdx.x) * kItems;
+    int eq = 0;
+    for (int j = 0; j < kItems; ++j) eq += first + j < n && key(first + j) == thr;
     int eq_total = 0, sel_total = 0;
-    const int eq_rank = eq_seen + block_prefix_count(eq, scratch, &eq_total);
-    const bool take = gt || (eq && eq_rank < need);
-    const int pos = taken + block_prefix_count(take, scratch, &sel_total);
-    if (take) out[pos] = static_cast<int32_t>(i);
+    const int eq_before = eq_seen + block_prefix_sum(eq, scratch, &eq_total);
+    int sel = 0;
+    for (int j = 0, e = eq_before; j < kItems && first + j < n; ++j) {
+      const uint32_t u = key(first + j);
+      sel += u > thr || (u == thr && e++ < need);
+    }
+    int pos = taken + block_prefix_sum(sel, scratch, &sel_total);
+    for (int j = 0, e = eq_before; j < kItems && first + j < n; ++j) {
+      const uint32_t u = key(first + j);
+      if (u > thr || (u == thr && e++ < need)) out[pos++] = static_cast<int32_t>(first + j);
+    }
     eq_seen += eq_total;
     taken += sel_total;
   }

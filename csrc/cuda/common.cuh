@@ -101,4 +101,26 @@ __device__ __forceinline__ int block_prefix_count(bool flag, int* scratch, int* 
   return before + __popc(ballot & ((1u << lane_id()) - 1u));
 }
 
+// Exclusive prefix sum of `v` over the threads of the block in threadIdx.x order, and the block
+// total; same contract as block_prefix_count.
+__device__ __forceinline__ int block_prefix_sum(int v, int* scratch, int* total) {
+  int incl = v;
+  for (int d = 1; d < 32; d <<= 1) {
+    const int o = __shfl_up_sync(kFullMask, incl, d);
+    if (static_cast<int>(lane_id()) >= d) incl += o;
+  }
+  const unsigned warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  if (lane_id() == 31) scratch[warp] = incl;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (unsigned w = 0; w < n_warps; ++w) {
+    const int c = scratch[w];
+    before += w < warp ? c : 0;
+    all += c;
+  }
+  __syncthreads();
+  *total = all;
+  return before + incl - v;
+}
+
 }  // namespace redrafter::cuda
