@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from redrafter_ext import reference as ref
 
 sys.path.insert(0, str(Path(__file__).parent / "emu"))
 import build as emu_build  # noqa: E402
 
 SANITIZE = os.environ.get("REDRAFTER_EMU_SANITIZE") == "1"
-SEEDS = (1, 2, 3)
+SEEDS = (7,) if SANITIZE else (1, 2, 3)  # one schedule is enough to find memory errors
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 KIND16 = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
@@ -52,8 +53,7 @@ def i32(*shape) -> np.ndarray:
 
 
 def seeds():
-    for s in SEEDS:
-        yield s
+    yield from SEEDS
 
 
 # ------------------------------------------------------------------------------------------------

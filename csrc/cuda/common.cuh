@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda/types.h"
+
 namespace redrafter::cuda {
 
 template <typename T>
@@ -36,11 +38,6 @@ cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
 }
 
 constexpr unsigned kFullMask = 0xffffffffu;
-
-// Storage dtypes of float inputs: float32, IEEE half and bfloat16 (the 16-bit ones as raw bits,
-// so that no cuda_fp16.h / cuda_bf16.h is needed and the emulator compiles the same code).
-enum class FloatType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-enum class IndexType : int { kInt32 = 0, kInt64 = 1 };
 
 struct Half {
   uint16_t bits;

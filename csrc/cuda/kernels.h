@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "cuda/common.cuh"
+#include "cuda/types.h"
 
 namespace redrafter::cuda {
 
@@ -29,8 +29,8 @@ cudaError_t beam_topk(const void* logits, FloatType logits_type, const float* sc
 
 // build_trie: beams [B, W, L] (beams_type) -> node_token, node_parent, node_depth [B, N] i32
 // (N = 1 + W*(L-1)), beam_node [B, W, L] i32, num_nodes [B] i32. Tokens are compared at full
-// width and stored cast to int32. Requires W*(L-1) <= 1024*... (any W <= 1024, L <= 1024 with
-// W*(L-1) <= 65536; the launcher checks).
+// width and stored cast to int32. Requires W*(L-1) <= build_trie_max_positions() (shared memory;
+// the launcher checks).
 cudaError_t build_trie(const void* beams, IndexType beams_type, int64_t B, int64_t W, int64_t L,
                        int32_t* node_token, int32_t* node_parent, int32_t* node_depth, int32_t* beam_node,
                        int32_t* num_nodes, cudaStream_t stream);
