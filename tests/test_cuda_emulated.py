@@ -4,7 +4,7 @@ with ``redrafter_ext.reference``: integers exactly, float scores within a per-dt
 Each kernel runs under several schedule seeds: the seed drives the order in which the emulated
 threads of a block run between synchronisation points and the garbage that fills shared memory
 before each block, so a missing barrier shows up as a wrong result (see the negative controls).
-The module is built with g++ by tests/emu/build.py (cached under tests/.emu_build). Setting
+The module is built with g++ by tests/emu/emu_build.py (cached under tests/.emu_build). Setting
 REDRAFTER_EMU_SANITIZE=1 loads the ASan+UBSan build instead (test_sanitized runs this file so).
 """
 
@@ -23,7 +23,7 @@ import torch
 from redrafter_ext import reference as ref
 
 sys.path.insert(0, str(Path(__file__).parent / "emu"))
-import build as emu_build  # noqa: E402
+import emu_build  # noqa: E402
 
 SANITIZE = os.environ.get("REDRAFTER_EMU_SANITIZE") == "1"
 SEEDS = (7,) if SANITIZE else (1, 2, 3)  # one schedule is enough to find memory errors
@@ -285,10 +285,14 @@ def test_negative_divergence(emu, which, pattern):
 
 @pytest.mark.skipif(SANITIZE, reason="already the sanitized run")
 def test_sanitized():
-    asan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    def lib(name):
+        return subprocess.run([emu_build.CXX, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+
+    asan, stdcxx = lib("libasan.so"), lib("libstdc++.so")
     if not os.path.isabs(asan):
         pytest.skip("no libasan for g++ here")
-    env = dict(os.environ, REDRAFTER_EMU_SANITIZE="1", LD_PRELOAD=asan,
+    # libstdc++ preloaded too: python does not link it, and ASan's __cxa_throw interceptor needs it
+    env = dict(os.environ, REDRAFTER_EMU_SANITIZE="1", LD_PRELOAD=f"{asan} {stdcxx}",
                ASAN_OPTIONS="detect_leaks=0:detect_stack_use_after_return=0", UBSAN_OPTIONS="print_stacktrace=1")
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", "not sanitized and not big"],

@@ -1,6 +1,6 @@
 // pybind11 test module: the CUDA kernels of csrc/cuda/*.cu compiled with g++ against the host shim
 // (tests/shim/cuda_shim.h), called with numpy arrays as "device" memory. No torch headers, so it
-// builds in seconds. Built and loaded by tests/emu/build.py.
+// builds in seconds. Built and loaded by tests/emu/emu_build.py.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
