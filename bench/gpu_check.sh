@@ -10,8 +10,10 @@
 #    (bench/gpu_bench.py).
 # Everything goes to one file: $OUT (default bench/results/gpu_check.txt). Budget: < 8 min on an
 # H200 (venv ~2-3 min, build ~1-2 min, tests ~1 min, timing ~1 min).
-# Environment: TORCH_SPEC (default torch==2.14.1, a CUDA wheel from the default index on Linux),
-# VENV (default .venv-gpu), OUT, PYTHON.
+# Environment: the current `python` is used when its torch is a CUDA build (the package is then
+# built into it with pip --no-build-isolation, no downloads); otherwise run.sh sets up VENV
+# (default .venv-gpu) with TORCH_SPEC (default torch==2.14.1, a CUDA wheel from the default index
+# on Linux). nvcc must be on PATH, in /usr/local/cuda/bin or named by CUDACXX. OUT, PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
@@ -20,13 +22,22 @@ export REDRAFTER_CUDA=ON REDRAFTER_MLX=${REDRAFTER_MLX:-OFF}
 OUT=${OUT:-bench/results/gpu_check.txt}
 mkdir -p "$(dirname "$OUT")"
 command -v nvidia-smi >/dev/null || { echo "gpu_check: no nvidia-smi: this needs an NVIDIA GPU" >&2; exit 2; }
+if [ -z "${CUDACXX:-}" ] && ! command -v nvcc >/dev/null; then
+  if [ -x /usr/local/cuda/bin/nvcc ]; then export CUDACXX=/usr/local/cuda/bin/nvcc
+  else echo "gpu_check: no nvcc (set CUDACXX): the CUDA kernels cannot be compiled" >&2; exit 2; fi
+fi
 start=$(date +%s)
 {
   echo "# gpu_check $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  ./run.sh setup
-  # shellcheck disable=SC1091
-  . "$VENV/bin/activate"
+  if python -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; then
+    echo "using $(command -v python) (CUDA torch already installed)"
+    python -m pip install -q --no-build-isolation --no-deps .
+  else
+    ./run.sh setup
+    # shellcheck disable=SC1091
+    . "$VENV/bin/activate"
+  fi
   python - <<'PY'
 import torch
 import redrafter_ext  # noqa: F401
