@@ -38,6 +38,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define REDRAFTER_EMU_ASAN 1
 #endif
@@ -155,10 +156,10 @@ struct State {
   std::string error;  // first error of the last failing launch
   cudaError_t last = cudaSuccess;
   bool failed = false;
-#ifdef REDRAFTER_EMU_ASAN
+  // ASan fiber bookkeeping; declared in every build so that the layout is the same in sanitized
+  // and plain translation units (the test module mixes them)
   const void* sched_bottom = nullptr;
   size_t sched_size = 0;
-#endif
 };
 inline State& S() {
   static State s;
@@ -402,6 +403,10 @@ __attribute__((noinline)) inline void init_fiber(Fiber& f, unsigned t, const dim
   f.tid = t;
   f.idx = dim3(t % b.x, (t / b.x) % b.y, t / (b.x * b.y));
   f.stack = stack;
+#ifdef REDRAFTER_EMU_ASAN
+  // the stack may hold the poisoned frames of a fiber abandoned by a failed launch
+  __asan_unpoison_memory_region(stack, bytes);
+#endif
 #ifdef REDRAFTER_EMU_ASM_SWITCH
   // initial frame popped by redrafter_emu_switch: MXCSR/x87 word, 6 registers, then "return" into
   // fiber_entry with the stack aligned as after a call
