@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 import torch
+
 from redrafter_ext import ops
 from redrafter_ext import reference as ref
 

@@ -11,10 +11,11 @@ import itertools
 import math
 
 import pytest
-import redrafter_ext.ops as ops
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import redrafter_ext.ops as ops
 from redrafter_ext import reference as ref
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
