@@ -11,7 +11,7 @@ root=$(pwd)
 VENV=${VENV:-$root/.venv}
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-DEPS=(numpy safetensors tqdm tokenizers "transformers>=4.45" pytest hypothesis matplotlib
+DEPS=(numpy safetensors tqdm tokenizers "transformers>=4.45" pytest hypothesis matplotlib pybind11
       "scikit-build-core>=0.10" "nanobind>=2" "cmake>=3.25" ninja ruff)
 
 say() { printf '\033[1m[run.sh]\033[0m %s\n' "$*" >&2; }

@@ -27,6 +27,7 @@ message(STATUS "redrafter_ext: torch ${_torch_version} at ${_torch_libdir}")
 set(REDRAFTER_TORCH_SOURCES
   csrc/torch/module.cpp
   csrc/torch/registration.cpp
+  csrc/torch/checks.cpp
   csrc/torch/ops_cpu.cpp
   csrc/cpu/tree_mask.cpp
   csrc/cpu/beam_topk.cpp
@@ -52,7 +53,8 @@ if(NOT REDRAFTER_CUDA STREQUAL "OFF")
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 17)
     set(REDRAFTER_HAVE_CUDA ON)
-    list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/ops_cuda.cpp csrc/cuda/tree_mask.cu)
+    list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/ops_cuda.cpp csrc/cuda/tree_mask.cu csrc/cuda/beam_topk.cu
+         csrc/cuda/build_trie.cu csrc/cuda/verify_greedy.cu csrc/cuda/kv_compact.cu)
   elseif(REDRAFTER_CUDA STREQUAL "ON")
     message(FATAL_ERROR "REDRAFTER_CUDA=ON but no CUDA compiler (nvcc) was found; set CUDACXX")
   else()

@@ -1,13 +1,56 @@
 // Torch-free host entry points of the CUDA kernels: device pointers + stream in, error code out.
+// Inputs are contiguous. Metadata (shapes, dtypes) is validated by the launcher; values are not
+// read on the host (that would synchronise), so every kernel guards against out-of-range values
+// itself: it never reads or writes out of bounds, and what it does with such values is stated
+// below. The same files compile with g++ against tests/shim/cuda_shim.h (REDRAFTER_EMULATE).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "cuda/types.h"
+
 namespace redrafter::cuda {
 
 // node_parent [B, N] int32, num_nodes [B] int32 -> bool mask [B, N, N] or packed [B, N, ceil(N/32)].
+// A parent that is not a lower node index ends the ancestor walk (as if -1).
 cudaError_t tree_mask(const int32_t* node_parent, const int32_t* num_nodes, int64_t B, int64_t N,
                       bool packed, void* out, cudaStream_t stream);
+
+// beam_topk: logits [B, W, V] (logits_type), scores [B, W] f32, tokens [B, W, L] (tokens_type),
+// state [B, W, state_row_bytes bytes] -> scores_out [B, W] f32, tokens_out [B, W, L] i32,
+// state_out (as state), parent_out [B, W] i32. workspace: beam_topk_workspace_bytes(B, W, V)
+// bytes of device memory (16-byte aligned). Token ids are copied as they are (cast to int32).
+size_t beam_topk_workspace_bytes(int64_t B, int64_t W, int64_t V);
+cudaError_t beam_topk(const void* logits, FloatType logits_type, const float* scores, const void* tokens,
+                      IndexType tokens_type, const void* state, int64_t state_row_bytes, int64_t B, int64_t W,
+                      int64_t V, int64_t L, int64_t step, float* scores_out, int32_t* tokens_out, void* state_out,
+                      int32_t* parent_out, void* workspace, cudaStream_t stream);
+
+// build_trie: beams [B, W, L] (beams_type) -> node_token, node_parent, node_depth [B, N] i32
+// (N = 1 + W*(L-1)), beam_node [B, W, L] i32, num_nodes [B] i32. Tokens are compared at full
+// width and stored cast to int32. Requires W*(L-1) <= build_trie_max_positions() (shared memory;
+// the launcher checks).
+cudaError_t build_trie(const void* beams, IndexType beams_type, int64_t B, int64_t W, int64_t L,
+                       int32_t* node_token, int32_t* node_parent, int32_t* node_depth, int32_t* beam_node,
+                       int32_t* num_nodes, cudaStream_t stream);
+int64_t build_trie_max_positions();
+
+// verify_greedy: logits [B, n_logit_rows, V] (logits_type), beams and beam_node [B, W, L]
+// (index_type) -> accept_len, best_beam, next_token [B], path_nodes [B, L], all i32. A beam_node
+// outside [0, n_logit_rows) counts as a node whose argmax is -1: acceptance stops there (and a
+// next_token taken there is -1).
+cudaError_t verify_greedy(const void* logits, FloatType logits_type, int64_t n_logit_rows, int64_t V,
+                          const void* beams, const void* beam_node, IndexType index_type, int64_t B, int64_t W,
+                          int64_t L, int32_t* accept_len, int32_t* best_beam, int32_t* path_nodes,
+                          int32_t* next_token, cudaStream_t stream);
+
+// kv_compact, in place: kv [n_layers*2, B, H, S, slot_bytes bytes], cache_len [B] i32,
+// path_nodes [B, L] and accept_len [B] (index_type). A row whose values are out of range
+// (accept_len outside [-1, L-1], cache_len outside [0, S], path_nodes[i] < i or
+// cache_len + path_nodes[i] >= S for some i <= accept_len) is left untouched, cache_len included.
+cudaError_t kv_compact(void* kv, int64_t n_layers, int64_t B, int64_t H, int64_t S, int64_t slot_bytes,
+                       int32_t* cache_len, const void* path_nodes, const void* accept_len, IndexType index_type,
+                       int64_t L, cudaStream_t stream);
 
 }  // namespace redrafter::cuda

@@ -36,7 +36,7 @@ inline void check_contiguous(const char* op, const char* name, const at::Tensor&
 }
 
 // Metadata checks (rank, dtype, device, cross-argument shapes; no values read), shared by the CPU
-// and CUDA launchers. Defined in ops_cpu.cpp.
+// and CUDA launchers. Defined in checks.cpp.
 void check_tree_mask_inputs(const at::Tensor& node_parent, const at::Tensor& num_nodes);
 void check_beam_topk_inputs(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
                             const at::Tensor& state, int64_t step);

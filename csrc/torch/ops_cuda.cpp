@@ -1,19 +1,36 @@
-// CUDA launchers. They include no CUDA torch headers: the current stream comes from torch's C shim
-// (resolved at run time from whichever libtorch is loaded), so the module builds against a CPU
-// torch and still runs on the caller's stream under a CUDA torch.
+// CUDA launchers. They include no CUDA torch headers: the current stream and the device guard come
+// from torch's C shim (resolved at run time from whichever libtorch is loaded), so the module
+// builds against a CPU torch and still runs on the caller's device and stream under a CUDA torch.
+// Metadata is validated exactly like the CPU launchers (torch/checks.h). Values are not read on
+// the host (that would synchronise and break CUDA graph capture): the kernels guard against
+// out-of-range values themselves, as csrc/cuda/kernels.h documents per op.
 #include <ATen/ops/empty.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/c/shim.h>
 #include <torch/library.h>
 
+#include <tuple>
+
 #include "cuda/kernels.h"
 #include "torch/checks.h"
 
 namespace redrafter {
-
-void check_tree_mask_inputs(const at::Tensor& node_parent, const at::Tensor& num_nodes);
-
 namespace {
+
+// Makes t's device current for the scope (device-generic guard of torch's C shim).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const at::Tensor& t) {
+    TORCH_CHECK(aoti_torch_create_device_guard(t.get_device(), &guard_) == AOTI_TORCH_SUCCESS,
+                "redrafter: could not set the CUDA device");
+  }
+  ~DeviceGuard() { aoti_torch_delete_device_guard(guard_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  DeviceGuardHandle guard_ = nullptr;
+};
 
 cudaStream_t current_stream(const at::Tensor& t) {
   StreamHandle handle = nullptr;
@@ -30,9 +47,37 @@ void check_cuda(cudaError_t e, const char* op) {
   TORCH_CHECK(e == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(e));
 }
 
+void check_on_cuda(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor for the CUDA kernel");
+}
+
+cuda::FloatType float_type(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf:
+      return cuda::FloatType::kFloat16;
+    case at::kBFloat16:
+      return cuda::FloatType::kBFloat16;
+    default:
+      return cuda::FloatType::kFloat32;  // the checks admit only these three
+  }
+}
+
+cuda::IndexType index_type(at::ScalarType t) {
+  return t == at::kLong ? cuda::IndexType::kInt64 : cuda::IndexType::kInt32;
+}
+
+// int64 when either input is: widening never changes a value, so the kernels' guards see the
+// caller's values
+at::ScalarType common_index_type(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kLong || b.scalar_type() == at::kLong ? at::kLong : at::kInt;
+}
+
 at::Tensor tree_mask_cuda(const at::Tensor& node_parent_in, const at::Tensor& num_nodes_in, bool packed) {
   check_tree_mask_inputs(node_parent_in, num_nodes_in);
-  TORCH_CHECK_VALUE(node_parent_in.is_cuda(), "tree_mask: node_parent must be a CUDA tensor");
+  check_on_cuda("tree_mask", "node_parent", node_parent_in);
+  DeviceGuard guard(node_parent_in);
+  // int32 inside: a parent or count that does not fit is garbage in any case, and the kernel's
+  // walk stops at any parent that is not a lower node index
   const at::Tensor node_parent = node_parent_in.to(at::kInt).contiguous();
   const at::Tensor num_nodes = num_nodes_in.to(at::kInt).contiguous();
   const int64_t B = node_parent.size(0), N = node_parent.size(1);
@@ -44,8 +89,110 @@ at::Tensor tree_mask_cuda(const at::Tensor& node_parent_in, const at::Tensor& nu
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cuda(const at::Tensor& logits_in,
+                                                                          const at::Tensor& scores_in,
+                                                                          const at::Tensor& tokens_in,
+                                                                          const at::Tensor& state_in, int64_t step) {
+  check_beam_topk_inputs(logits_in, scores_in, tokens_in, state_in, step);
+  check_on_cuda("beam_topk", "logits", logits_in);
+  DeviceGuard guard(logits_in);
+  const at::Tensor logits = logits_in.contiguous();
+  const at::Tensor scores = scores_in.contiguous();
+  const at::Tensor tokens = tokens_in.contiguous();
+  const at::Tensor state = state_in.contiguous();
+  const int64_t B = logits.size(0), W = logits.size(1), V = logits.size(2);
+  const int64_t L = tokens.size(2), D = state.size(2);
+  const auto i32 = logits.options().dtype(at::kInt);
+  at::Tensor scores_out = at::empty({B, W}, logits.options().dtype(at::kFloat));
+  at::Tensor tokens_out = at::empty({B, W, L}, i32);
+  at::Tensor state_out = at::empty({B, W, D}, state.options());
+  at::Tensor parent_out = at::empty({B, W}, i32);
+  const auto ws_bytes = static_cast<int64_t>(cuda::beam_topk_workspace_bytes(B, W, V));
+  at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));  // allocator: 512-byte aligned
+  check_cuda(cuda::beam_topk(logits.const_data_ptr(), float_type(logits), scores.const_data_ptr<float>(),
+                             tokens.const_data_ptr(), index_type(tokens.scalar_type()), state.const_data_ptr(),
+                             D * static_cast<int64_t>(state.element_size()), B, W, V, L, step,
+                             scores_out.mutable_data_ptr<float>(), tokens_out.mutable_data_ptr<int32_t>(),
+                             state_out.mutable_data_ptr(), parent_out.mutable_data_ptr<int32_t>(),
+                             workspace.mutable_data_ptr(), current_stream(logits)),
+             "beam_topk");
+  return {scores_out, tokens_out, state_out, parent_out};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_trie_cuda(const at::Tensor& beams_in) {
+  check_build_trie_inputs(beams_in);
+  check_on_cuda("build_trie", "beams", beams_in);
+  const int64_t W = beams_in.size(1), L = beams_in.size(2);
+  TORCH_CHECK_VALUE(W * (L - 1) <= cuda::build_trie_max_positions(), "build_trie: beams shape ", beams_in.sizes(),
+                    " has more than ", cuda::build_trie_max_positions(), " draft positions per row (CUDA kernel)");
+  DeviceGuard guard(beams_in);
+  const at::Tensor beams = beams_in.contiguous();
+  const int64_t B = beams.size(0), N = 1 + W * (L - 1);
+  const auto i32 = beams.options().dtype(at::kInt);
+  at::Tensor node_token = at::empty({B, N}, i32);
+  at::Tensor node_parent = at::empty({B, N}, i32);
+  at::Tensor node_depth = at::empty({B, N}, i32);
+  at::Tensor beam_node = at::empty({B, W, L}, i32);
+  at::Tensor num_nodes = at::empty({B}, i32);
+  check_cuda(cuda::build_trie(beams.const_data_ptr(), index_type(beams.scalar_type()), B, W, L,
+                              node_token.mutable_data_ptr<int32_t>(), node_parent.mutable_data_ptr<int32_t>(),
+                              node_depth.mutable_data_ptr<int32_t>(), beam_node.mutable_data_ptr<int32_t>(),
+                              num_nodes.mutable_data_ptr<int32_t>(), current_stream(beams)),
+             "build_trie");
+  return {node_token, node_parent, node_depth, beam_node, num_nodes};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tensor& logits_in,
+                                                                              const at::Tensor& beams_in,
+                                                                              const at::Tensor& beam_node_in) {
+  check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);
+  check_on_cuda("verify_greedy", "logits", logits_in);
+  DeviceGuard guard(logits_in);
+  const at::Tensor logits = logits_in.contiguous();
+  const auto idx = common_index_type(beams_in, beam_node_in);
+  const at::Tensor beams = beams_in.to(idx).contiguous();
+  const at::Tensor beam_node = beam_node_in.to(idx).contiguous();
+  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
+  const auto i32 = logits.options().dtype(at::kInt);
+  at::Tensor accept_len = at::empty({B}, i32);
+  at::Tensor best_beam = at::empty({B}, i32);
+  at::Tensor path_nodes = at::empty({B, L}, i32);
+  at::Tensor next_token = at::empty({B}, i32);
+  check_cuda(cuda::verify_greedy(logits.const_data_ptr(), float_type(logits), logits.size(1), logits.size(2),
+                                 beams.const_data_ptr(), beam_node.const_data_ptr(), index_type(idx), B, W, L,
+                                 accept_len.mutable_data_ptr<int32_t>(), best_beam.mutable_data_ptr<int32_t>(),
+                                 path_nodes.mutable_data_ptr<int32_t>(), next_token.mutable_data_ptr<int32_t>(),
+                                 current_stream(logits)),
+             "verify_greedy");
+  return {accept_len, best_beam, path_nodes, next_token};
+}
+
+void kv_compact_cuda(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes_in,
+                     const at::Tensor& accept_len_in) {
+  check_kv_compact_inputs(kv, cache_len, path_nodes_in, accept_len_in);
+  check_on_cuda("kv_compact", "kv", kv);
+  DeviceGuard guard(kv);
+  const auto idx = common_index_type(path_nodes_in, accept_len_in);
+  const at::Tensor path_nodes = path_nodes_in.to(idx).contiguous();
+  const at::Tensor accept_len = accept_len_in.to(idx).contiguous();
+  const at::Tensor lens = cache_len.contiguous();  // cache_len itself when contiguous
+  const int64_t B = kv.size(2), H = kv.size(3), S = kv.size(4), L = path_nodes.size(1);
+  check_cuda(cuda::kv_compact(kv.numel() > 0 ? kv.mutable_data_ptr() : nullptr, kv.size(0), B, H, S,
+                              kv.size(5) * static_cast<int64_t>(kv.element_size()), lens.mutable_data_ptr<int32_t>(),
+                              path_nodes.const_data_ptr(), accept_len.const_data_ptr(), index_type(idx), L,
+                              current_stream(kv)),
+             "kv_compact");
+  if (!lens.is_same(cache_len)) cache_len.copy_(lens);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(redrafter, CUDA, m) { m.impl("tree_mask", &tree_mask_cuda); }
+TORCH_LIBRARY_IMPL(redrafter, CUDA, m) {
+  m.impl("tree_mask", &tree_mask_cuda);
+  m.impl("beam_topk", &beam_topk_cuda);
+  m.impl("build_trie", &build_trie_cuda);
+  m.impl("verify_greedy", &verify_greedy_cuda);
+  m.impl("kv_compact", &kv_compact_cuda);
+}
 
 }  // namespace redrafter

@@ -25,10 +25,12 @@ from ._checks import (
 )
 from .reference import num_nodes_max
 
-__all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "NATIVE_OPS"]
+__all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "NATIVE_OPS", "CUDA_OPS"]
 
 # which ops have a native kernel; the rest of this module re-exports the reference on purpose
 NATIVE_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact")
+# ops with a CUDA kernel too (verify_sample's is still to be written: docs/verify_sample_cuda_notes.md)
+CUDA_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "kv_compact")
 
 
 def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:

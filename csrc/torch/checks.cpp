@@ -1,0 +1,139 @@
+// Metadata checks (rank, dtype, device, cross-argument shapes; no values read), shared by the CPU
+// and CUDA launchers so that both reject the same inputs with the same messages. Value-range
+// checks need host reads: the CPU launchers do them (ops_cpu.cpp); the CUDA kernels instead guard
+// against out-of-range values on the device (csrc/cuda/kernels.h says how).
+#include <cmath>
+#include <limits>
+
+#include "torch/checks.h"
+
+namespace redrafter {
+
+void check_tree_mask_inputs(const at::Tensor& node_parent, const at::Tensor& num_nodes) {
+  constexpr const char* op = "tree_mask";
+  check_dim(op, "node_parent", node_parent, 2, "B, N");
+  check_dim(op, "num_nodes", num_nodes, 1, "B");
+  check_index_dtype(op, "node_parent", node_parent);
+  check_index_dtype(op, "num_nodes", num_nodes);
+  check_same_device(op, "num_nodes", num_nodes, node_parent);
+  TORCH_CHECK_VALUE(node_parent.size(1) >= 1, op, ": node_parent must have N >= 1 nodes, got shape ",
+                    node_parent.sizes());
+  TORCH_CHECK_VALUE(num_nodes.size(0) == node_parent.size(0), op, ": num_nodes must have shape (B,) = (",
+                    node_parent.size(0), ",), got ", num_nodes.sizes());
+}
+
+void check_beam_topk_inputs(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
+                            const at::Tensor& state, int64_t step) {
+  constexpr const char* op = "beam_topk";
+  check_dim(op, "logits", logits, 3, "B, W, V");
+  check_float_dtype(op, "logits", logits);
+  check_dim(op, "scores", scores, 2, "B, W");
+  TORCH_CHECK_TYPE(scores.scalar_type() == at::kFloat, op, ": scores must have dtype float32, got ",
+                   scores.scalar_type());
+  check_same_device(op, "scores", scores, logits);
+  check_dim(op, "tokens", tokens, 3, "B, W, L");
+  check_index_dtype(op, "tokens", tokens);
+  check_same_device(op, "tokens", tokens, logits);
+  check_dim(op, "state", state, 3, "B, W, D");
+  check_float_dtype(op, "state", state);
+  check_same_device(op, "state", state, logits);
+  const int64_t B = logits.size(0), W = logits.size(1), V = logits.size(2);
+  TORCH_CHECK_VALUE(W >= 1 && V >= 1, op, ": logits must have W >= 1 and V >= 1, got shape ", logits.sizes());
+  TORCH_CHECK_VALUE(V <= std::numeric_limits<int32_t>::max(), op, ": logits has V = ", V,
+                    " but token ids must fit in int32");
+  TORCH_CHECK_VALUE(scores.size(0) == B && scores.size(1) == W, op, ": scores must have shape (B, W) = (", B,
+                    ", ", W, "), got ", scores.sizes());
+  TORCH_CHECK_VALUE(tokens.size(0) == B && tokens.size(1) == W, op,
+                    ": tokens must have shape (B, W, L) with B=", B, ", W=", W, ", got ", tokens.sizes());
+  TORCH_CHECK_VALUE(state.size(0) == B && state.size(1) == W, op, ": state must have shape (B, W, D) with B=", B,
+                    ", W=", W, ", got ", state.sizes());
+  TORCH_CHECK_VALUE(step >= 1 && step < tokens.size(2), op, ": step must be an int in [1, L) with L=",
+                    tokens.size(2), ", got ", step);
+}
+
+void check_build_trie_inputs(const at::Tensor& beams) {
+  constexpr const char* op = "build_trie";
+  check_dim(op, "beams", beams, 3, "B, W, L");
+  check_index_dtype(op, "beams", beams);
+  TORCH_CHECK_VALUE(beams.size(1) >= 1 && beams.size(2) >= 1, op,
+                    ": beams must have W >= 1 and L >= 1, got shape ", beams.sizes());
+  TORCH_CHECK_VALUE(1 + beams.size(1) * (beams.size(2) - 1) <= std::numeric_limits<int32_t>::max(), op,
+                    ": beams shape ", beams.sizes(), " gives more trie nodes than int32 can number");
+}
+
+void check_verify_greedy_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node) {
+  constexpr const char* op = "verify_greedy";
+  check_dim(op, "logits", logits, 3, "B, N, V");
+  check_float_dtype(op, "logits", logits);
+  check_dim(op, "beams", beams, 3, "B, W, L");
+  check_index_dtype(op, "beams", beams);
+  check_same_device(op, "beams", beams, logits);
+  check_dim(op, "beam_node", beam_node, 3, "B, W, L");
+  check_index_dtype(op, "beam_node", beam_node);
+  check_same_device(op, "beam_node", beam_node, logits);
+  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
+  TORCH_CHECK_VALUE(W >= 1 && L >= 1, op, ": beams must have W >= 1 and L >= 1, got shape ", beams.sizes());
+  TORCH_CHECK_VALUE(logits.size(0) == B, op, ": logits has batch ", logits.size(0), " but beams has batch ", B);
+  TORCH_CHECK_VALUE(logits.size(1) >= 1 + W * (L - 1), op, ": logits must cover N >= 1 + W*(L-1) = ",
+                    1 + W * (L - 1), " nodes, got shape ", logits.sizes());
+  TORCH_CHECK_VALUE(logits.size(2) >= 1 && logits.size(2) <= std::numeric_limits<int32_t>::max(), op,
+                    ": logits must have 1 <= V < 2^31, got shape ", logits.sizes());
+  TORCH_CHECK_VALUE(beam_node.sizes() == beams.sizes(), op, ": beam_node must have shape (B, W, L) = ",
+                    beams.sizes(), ", got ", beam_node.sizes());
+}
+
+void check_verify_sample_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node,
+                                const at::Tensor& accept_u, const at::Tensor& sample_u, double temperature,
+                                int64_t top_k, double top_p) {
+  constexpr const char* op = "verify_sample";
+  check_verify_greedy_inputs(logits, beams, beam_node);
+  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
+  check_dim(op, "accept_u", accept_u, 3, "B, L-1, W");
+  TORCH_CHECK_TYPE(accept_u.scalar_type() == at::kFloat, op, ": accept_u must have dtype float32, got ",
+                   accept_u.scalar_type());
+  check_same_device(op, "accept_u", accept_u, logits);
+  check_dim(op, "sample_u", sample_u, 1, "B");
+  TORCH_CHECK_TYPE(sample_u.scalar_type() == at::kFloat, op, ": sample_u must have dtype float32, got ",
+                   sample_u.scalar_type());
+  check_same_device(op, "sample_u", sample_u, logits);
+  TORCH_CHECK_VALUE(accept_u.size(0) == B && accept_u.size(1) == L - 1 && accept_u.size(2) == W, op,
+                    ": accept_u must have shape (B, L-1, W) = (", B, ", ", L - 1, ", ", W, "), got ",
+                    accept_u.sizes());
+  TORCH_CHECK_VALUE(sample_u.size(0) == B, op, ": sample_u must have shape (B,) = (", B, ",), got ",
+                    sample_u.sizes());
+  TORCH_CHECK_VALUE(std::isfinite(temperature) && temperature >= 0.0, op,
+                    ": temperature must be a finite float >= 0, got ", temperature);
+  TORCH_CHECK_VALUE(top_k >= 0, op, ": top_k must be an int >= 0 (0: no top-k), got ", top_k);
+  TORCH_CHECK_VALUE(top_p > 0.0 && top_p <= 1.0, op, ": top_p must be a float in (0, 1] (1: no top-p), got ", top_p);
+}
+
+
+void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes,
+                             const at::Tensor& accept_len) {
+  constexpr const char* op = "kv_compact";
+  check_dim(op, "kv", kv, 6, "n_layers, 2, B, H_kv, S, D");
+  check_float_dtype(op, "kv", kv);
+  check_dim(op, "cache_len", cache_len, 1, "B");
+  TORCH_CHECK_TYPE(cache_len.scalar_type() == at::kInt, op, ": cache_len must have dtype int32, got ",
+                   cache_len.scalar_type());
+  check_same_device(op, "cache_len", cache_len, kv);
+  check_dim(op, "path_nodes", path_nodes, 2, "B, L");
+  check_index_dtype(op, "path_nodes", path_nodes);
+  check_same_device(op, "path_nodes", path_nodes, kv);
+  check_dim(op, "accept_len", accept_len, 1, "B");
+  check_index_dtype(op, "accept_len", accept_len);
+  check_same_device(op, "accept_len", accept_len, kv);
+  const int64_t B = kv.size(2), S = kv.size(4);
+  TORCH_CHECK_VALUE(kv.size(1) == 2, op, ": kv dim 1 must be 2 (K and V), got shape ", kv.sizes());
+  TORCH_CHECK_VALUE(kv.is_contiguous(), op, ": kv must be contiguous (it is updated in place)");
+  TORCH_CHECK_VALUE(cache_len.size(0) == B, op, ": cache_len must have shape (B,) = (", B, ",), got ",
+                    cache_len.sizes());
+  TORCH_CHECK_VALUE(accept_len.size(0) == B, op, ": accept_len must have shape (B,) = (", B, ",), got ",
+                    accept_len.sizes());
+  TORCH_CHECK_VALUE(path_nodes.size(0) == B, op, ": path_nodes must have shape (B, L) with B=", B, ", got ",
+                    path_nodes.sizes());
+  const int64_t L = path_nodes.size(1);
+  TORCH_CHECK_VALUE(L >= 1 && L <= S, op, ": path_nodes length L=", L, " must be in [1, S=", S, "]");
+}
+
+}  // namespace redrafter

@@ -1,0 +1,166 @@
+"""The CUDA ops on a real GPU: equal to the CPU ops on the same inputs, opcheck, CUDA-graph capture
+of ``decode_step``. Skipped without a GPU (the CPU suite proves the same kernels through the
+emulator, tests/test_cuda_emulated.py). Run by bench/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+if torch.cuda.is_available():
+    import redrafter_ext.ops as ops
+    from redrafter_ext import decode
+    from redrafter_ext import reference as ref
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def same(cuda_out, cpu_out, what, float_atol=None):
+    cuda_out = cuda_out if isinstance(cuda_out, tuple) else (cuda_out,)
+    cpu_out = cpu_out if isinstance(cpu_out, tuple) else (cpu_out,)
+    for k, (a, b) in enumerate(zip(cuda_out, cpu_out, strict=True)):
+        a = a.cpu()
+        assert a.dtype == b.dtype, f"{what} output {k}: dtype {a.dtype} != {b.dtype}"
+        if float_atol is not None and a.is_floating_point():
+            torch.testing.assert_close(a, b, atol=float_atol, rtol=1e-6, equal_nan=True)
+        else:
+            assert torch.equal(a, b), f"{what} output {k} differs"
+
+
+def beam_inputs(B, W, V, L, D, dtype, step, seed, tokens_dtype=torch.int64):
+    g = gen(seed)
+    logits = (torch.randn(B, W, V, generator=g) * 3).to(dtype)
+    if step == 1:
+        scores = torch.full((B, W), float("-inf"))
+        scores[:, 0] = 0.0
+    else:
+        scores = -(torch.rand(B, W, generator=g) * 10).sort(dim=1).values
+    tokens = torch.randint(0, V, (B, W, L), generator=g).to(tokens_dtype)
+    state = torch.randn(B, W, D, generator=g).to(dtype)
+    return logits, scores, tokens, state, step
+
+
+def cuda(args):
+    return tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@pytest.mark.parametrize("B,W,V", [(1, 1, 111), (3, 8, 32000), (7, 64, 111), (1, 64, 128256), (256, 4, 32000)])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_beam_topk(B, W, V, dtype):
+    for step in (1, 2):
+        args = beam_inputs(B, W, V, 4, 16, dtype, step, seed=B + W + V + step)
+        got, exp = ops.beam_topk(*cuda(args)), ops.beam_topk(*args)
+        same(got[1:], exp[1:], "beam_topk")
+        torch.testing.assert_close(got[0].cpu(), exp[0], atol=1e-5, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("B,W,L", list(itertools.product((1, 7, 256), (1, 8, 64), (2, 5, 16))))
+def test_build_trie_tree_mask(B, W, L):
+    for vocab in (3, 128256):
+        beams = torch.randint(0, vocab, (B, W, L), generator=gen(B + W + L))
+        got, exp = ops.build_trie(beams.cuda()), ops.build_trie(beams)
+        same(got, exp, "build_trie")
+        for packed in (False, True):
+            same(ops.tree_mask(exp[1].cuda(), exp[4].cuda(), packed), ops.tree_mask(exp[1], exp[4], packed), "mask")
+
+
+@pytest.mark.parametrize("B,W,L,V", [(1, 8, 5, 32000), (7, 64, 5, 111), (3, 4, 16, 128256), (256, 4, 4, 1000)])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_verify_greedy(B, W, L, V, dtype):
+    beams = torch.randint(0, 4, (B, W, L), generator=gen(W + L))
+    _, _, _, beam_node, _ = ref.build_trie(beams)
+    N = 1 + W * (L - 1)
+    logits = torch.randn(B, N, V, generator=gen(V))
+    logits[:, :, :4] += 3.0 * torch.rand(B, N, 4, generator=gen(V + 1))  # the draft tokens often win
+    logits = logits.to(dtype)
+    same(ops.verify_greedy(logits.cuda(), beams.cuda(), beam_node.cuda()), ops.verify_greedy(logits, beams, beam_node),
+         "verify_greedy")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("D", (1, 3, 64, 128))
+def test_kv_compact(dtype, D):
+    g = gen(D)
+    n_layers, B, H, S, L = 3, 5, 2, 64, 6
+    kv = torch.randn(n_layers, 2, B, H, S, D, generator=g).to(dtype)
+    acc = torch.tensor([-1, 0, 5, 3, 2])
+    path = torch.full((B, L), -1)
+    cache_len = torch.tensor([64, 10, 20, 0, 33], dtype=torch.int32)
+    for b in range(B):
+        for i in range(int(acc[b]) + 1):
+            path[b, i] = i + int(torch.randint(0, 20, (), generator=g))
+    k1, c1 = kv.cuda(), cache_len.cuda()
+    k2, c2 = kv.clone(), cache_len.clone()
+    ops.kv_compact(k1, c1, path.cuda(), acc.cuda())
+    ops.kv_compact(k2, c2, path, acc)
+    assert torch.equal(c1.cpu(), c2) and torch.equal(k1.cpu(), k2)
+
+
+def test_opcheck_cuda():
+    beams = torch.randint(0, 3, (2, 4, 4), generator=gen(11))
+    _, parent, _, beam_node, n = ref.build_trie(beams)
+    logits = torch.randn(2, 13, 50, generator=gen(12))
+    kv = torch.randn(2, 2, 2, 2, 12, 4)
+    samples = [
+        ("tree_mask", (parent, n, False)), ("tree_mask", (parent, n, True)),
+        ("beam_topk", beam_inputs(2, 4, 50, 5, 3, torch.float32, 1, seed=14)),
+        ("build_trie", (beams,)), ("verify_greedy", (logits, beams, beam_node)),
+        ("kv_compact", (kv, torch.tensor([0, 3], dtype=torch.int32), torch.tensor([[0, 2, -1, -1], [0, -1, -1, -1]]),
+                        torch.tensor([1, 0]))),
+    ]
+    for name, args in samples:
+        torch.library.opcheck(getattr(torch.ops.redrafter, name).default, cuda(args))
+
+
+def test_bad_inputs_cuda():
+    with pytest.raises(ValueError, match="beams must have 3 dims"):
+        ops.build_trie(torch.zeros(2, 3, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="is on"):
+        ops.verify_greedy(torch.zeros(1, 3, 5, device="cuda"), torch.zeros(1, 2, 2, dtype=torch.int32),
+                          torch.zeros(1, 2, 2, dtype=torch.int32, device="cuda"))
+
+
+def _clone_state(s):
+    return dataclasses.replace(s, **{f.name: getattr(s, f.name).clone() for f in dataclasses.fields(s)
+                                     if isinstance(getattr(s, f.name), torch.Tensor)})
+
+
+def test_decode_step_cuda_graph():
+    from helpers import random_drafter, random_target
+
+    target = random_target(vocab=97, hidden=64, layers=2).cuda()
+    drafter = random_drafter(target).cuda()
+    W, L = 4, 4
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
+    state = decode._start(target, prompts, 24, ref.num_nodes_max(W, L), None, None)
+    eager = _clone_state(state)
+    step = dict(beam_width=W, beam_length=L, ops=ops)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (allocator, lazy init)
+        decode.decode_step(target, drafter, state, **step)
+    torch.cuda.current_stream().wait_stream(side)
+    decode.decode_step(target, drafter, eager, **step)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode.decode_step(target, drafter, state, **step)
+    for _ in range(6):
+        graph.replay()
+        decode.decode_step(target, drafter, eager, **step)
+    torch.cuda.synchronize()
+    for name in ("out", "num_out", "cache_len", "token", "done", "steps", "nodes"):
+        assert torch.equal(getattr(state, name), getattr(eager, name)), name
+    # and the whole generation equals plain greedy decoding on the GPU
+    out = decode.generate(target, drafter, prompts, 24, beam_width=W, beam_length=L, ops=ops)
+    ar = decode.autoregressive_generate(target, prompts, 24)
+    assert out.tokens == ar.tokens
