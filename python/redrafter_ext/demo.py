@@ -59,7 +59,7 @@ def load_models(folder: Path, random_weights: bool, drafter_dtype: torch.dtype |
 def load_prompt_ids(tok, n: int, chars: int, vocab: int) -> list[list[int]]:
     if tok is None:
         g = torch.Generator().manual_seed(0)
-        return [torch.randint(0, vocab, (16 + 3 * i,), generator=g).tolist() for i in range(n)]
+        return [torch.randint(0, vocab, (16 + 3 * i,), generator=g).tolist() for i in range(n)]  # sync-ok: host prompts
     from .train.corpus import load_prompts
 
     return [tok.encode(p).ids for p in load_prompts(n, chars=chars, seed=0)]
