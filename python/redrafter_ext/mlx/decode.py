@@ -50,7 +50,7 @@ def native_ops() -> ModuleType | None:
     """``redrafter_ext.mlx.ops`` when it imports, its native extension loaded and all six ops present."""
     try:
         from . import ops
-    except ImportError as e:  # no module, or no compiled extension behind it
+    except (ImportError, OSError) as e:  # no module, or no loadable compiled extension behind it
         log.debug("redrafter_ext.mlx.ops unavailable: %s", e)
         return None
     available = getattr(ops, "available", True)
