@@ -139,7 +139,9 @@ def test_low_temperature_is_greedy(tiny):
     _, _, mt, md = tiny
     prompts = [[1, 2, 3], [50, 60, 70, 80]]
     greedy = rxm.autoregressive_generate(mt, prompts, 16)
-    for kw in ({"temperature": 1e-4}, {"temperature": 1e-4, "top_k": 3, "top_p": 0.5}):
+    # a vanishing temperature, or top-k / top-p that keep only the argmax, are greedy decoding
+    for kw in ({"temperature": 1e-4}, {"temperature": 1e-4, "top_k": 3, "top_p": 0.5},
+               {"temperature": 1.0, "top_k": 1}, {"temperature": 2.0, "top_p": 1e-9}):
         assert rxm.generate(mt, md, prompts, 16, beam_width=2, beam_length=3, seed=5, **kw).tokens == greedy.tokens
         assert rxm.autoregressive_generate(mt, prompts, 16, seed=5, **kw).tokens == greedy.tokens
 
@@ -204,8 +206,13 @@ def forbid_host_reads(monkeypatch):
     return arm
 
 
+# the reference ops, and the native ones when their extension is built
+OPS = [mref] + [m for m in [rxm.native_ops()] if m is not None]
+
+
+@pytest.mark.parametrize("ops", OPS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 @pytest.mark.parametrize("sampling", [None, rxm.SamplingParams(1.0, 5, 0.9)])
-def test_decode_step_does_no_host_reads(tiny, forbid_host_reads, monkeypatch, sampling):
+def test_decode_step_does_no_host_reads(tiny, forbid_host_reads, monkeypatch, sampling, ops):
     _, _, mt, md = tiny
     state = rxm.decode._start(mt, [[1, 2, 3], [4, 5, 6, 7, 8]], 8, 7, 3, None, sampling, 0)
     forbid_host_reads()
@@ -215,7 +222,7 @@ def test_decode_step_does_no_host_reads(tiny, forbid_host_reads, monkeypatch, sa
     with pytest.raises(RuntimeError, match="host read"):
         np.asarray(mx.array([1, 2]))
     for _ in range(2):
-        state, n = rxm.decode_step(mt, md, state, beam_width=3, beam_length=3, ops=mref, sampling=sampling)
+        state, n = rxm.decode_step(mt, md, state, beam_width=3, beam_length=3, ops=ops, sampling=sampling)
         mx.eval(state.arrays(), n)  # evaluation computes on the device; it reads nothing back
     monkeypatch.undo()
     assert 2 <= min(state.num_out.tolist()) <= 6
