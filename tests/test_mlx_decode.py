@@ -234,3 +234,52 @@ def test_default_ops_fall_back_to_reference():
     assert rxm.default_ops() is (native or mref)
     for name in ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact"):
         assert callable(getattr(rxm.default_ops(), name))
+
+
+def _biased_ops():
+    """Negative control: verify_sample with halved acceptance uniforms (accepts drafts too often)."""
+    from types import SimpleNamespace
+
+    ops = SimpleNamespace(**{n: getattr(mref, n) for n in rxm.decode.OP_NAMES})
+    ops.verify_sample = lambda lg, b, bn, au, su, *a: mref.verify_sample(lg, b, bn, au * 0.5, su, *a)
+    return ops
+
+
+@pytest.mark.parametrize("method", ["redrafter", "autoregressive", "biased"])
+def test_generate_first_tokens_follow_target(method, tmp_path):
+    # end to end: many rows of one prompt; the first 3 generated tokens (the prefill sample, then
+    # one or two speculative steps) against the target's enumerated joint distribution
+    import test_sampling as ts  # tests/ is on sys.path (conftest.py)
+
+    Vs, B, n, temperature, top_k, top_p = 11, 6_000, 3, 1.0, 8, 0.95
+    tgt = random_target(vocab=Vs, hidden=32, layers=1, seed=3)
+    tgt.save_pretrained(tmp_path / "t")
+    random_drafter(tgt).save_pretrained(tmp_path / "d")
+    mt = rxm.LlamaTarget.from_pretrained(tmp_path / "t")
+    md = rxm.Drafter.from_pretrained(tmp_path / "d", dtype=mx.float32)
+    prompt = [1, 4, 2, 7]
+    with torch.no_grad():
+        truth = torch.ones(1, dtype=torch.float64)
+        seqs = torch.zeros(1, 0, dtype=torch.int64)
+        for _ in range(n):
+            toks = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
+            kv = tgt.new_kv_cache(len(seqs), toks.shape[1])
+            logits, _ = tgt.prefill(toks, torch.full((len(seqs),), toks.shape[1], dtype=torch.int32), kv)
+            p = rx.reference.sampling_probs(logits, temperature, top_k, top_p)
+            truth = (truth[:, None] * p).reshape(-1)
+            seqs = torch.cat([seqs.repeat_interleave(Vs, 0), torch.arange(Vs).repeat(len(seqs))[:, None]], dim=1)
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
+    if method in ("redrafter", "biased"):
+        ops = mref if method == "redrafter" else _biased_ops()
+        out = rxm.generate(mt, md, [prompt] * B, n, beam_width=3, beam_length=3, ops=ops, **kw)
+        assert out.tokens_per_step > 1.05  # speculation really commits several tokens per step
+    else:
+        out = rxm.autoregressive_generate(mt, [prompt] * B, n, **kw)
+    x = torch.tensor(out.tokens)
+    code = (x[:, 0] * Vs + x[:, 1]) * Vs + x[:, 2]
+    stat, dof, pval = ts.chi_square(torch.bincount(code, minlength=Vs**n).double(), truth * B)
+    print(f"{method}: chi2={stat:.1f} dof={dof} p={pval:.3g} tokens/step={out.tokens_per_step:.2f}")
+    if method == "biased":
+        assert pval < 1e-6  # the test has the power to see a wrong acceptance rule
+    else:
+        assert pval > 0.01
