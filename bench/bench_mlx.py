@@ -1,0 +1,191 @@
+"""Benchmark the MLX backend on the present MLX device (``mx.default_device()``).
+
+1. Per op: the native MLX ops (``redrafter_ext.mlx.ops``, when its extension is built) against the
+   pure-MLX reference (``redrafter_ext.mlx.reference``). Every configuration is checked first
+   (native == reference: integer outputs exact, beam_topk scores within 1e-4), then timed: one
+   line per (op, shape, implementation) with the median and interquartile range of
+   ``op + mx.eval`` wall time. Without the native extension only the reference is timed (said so).
+2. End to end on the shipped model: plain greedy decoding (AR) against ReDrafter at a few (W, L),
+   tokens/s and tokens/step; ReDrafter's tokens are checked equal to AR's before reporting.
+
+    python bench/bench_mlx.py                 # quick (< 1 min on 2 busy cores)
+    python bench/bench_mlx.py --full          # more shapes, longer generations
+    python bench/bench_mlx.py --threads 2     # BLAS/OpenMP threads (set before MLX loads)
+
+On Linux, ``mlx[cpu]`` links the reference (netlib) BLAS, so matmuls run at a fraction of a
+GFLOP/s: absolute numbers here say little about Apple silicon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--full", action="store_true", help="more shapes and longer generations")
+    p.add_argument("--threads", type=int, default=1, help="OMP/BLAS threads (default 1: the machine is shared)")
+    p.add_argument("--runs", type=int, default=0, help="timed runs per op line (default 10 quick, 40 full)")
+    p.add_argument("--repeats", type=int, default=0, help="end-to-end repeats (default 3 quick, 5 full)")
+    p.add_argument("--new-tokens", type=int, default=0, help="tokens generated per run (default 24 / 96)")
+    p.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="drafter compute dtype (default float32: faster than bf16 at small M on MLX's CPU)")
+    p.add_argument("--prompts", type=int, default=0, help="held-out prompts, each run at batch 1 (default 1 / 3)")
+    p.add_argument("--skip-ops", action="store_true")
+    p.add_argument("--skip-e2e", action="store_true")
+    return p.parse_args(argv)
+
+
+def timed(fn: Callable[[], object], runs: int) -> list[float]:
+    fn()  # warm-up
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def stats_ms(times: list[float]) -> tuple[float, float]:
+    """(median, interquartile range) in milliseconds."""
+    ms = sorted(t * 1e3 for t in times)
+    if len(ms) < 4:
+        return statistics.median(ms), ms[-1] - ms[0]
+    q = statistics.quantiles(ms, n=4)
+    return statistics.median(ms), q[2] - q[0]
+
+
+def op_inputs(mx, ref, B: int, W: int, L: int, V: int, S: int):
+    """Inputs for every op at one shape, built with the reference (so the trie is realistic)."""
+    key = mx.random.key(0)
+    k1, k2, k3, k4, k5 = mx.random.split(key, 5)
+    N = ref.num_nodes_max(W, L)
+    beams = mx.random.randint(0, 3, (B, W, L), key=k1).astype(mx.int32)
+    beams = mx.where(mx.arange(L)[None, None, :] == 0, beams[:, :1, :1], beams)
+    trie = ref.build_trie(beams)
+    logits_n = mx.random.normal((B, N, V), key=k2)
+    logits_w = mx.random.normal((B, W, V), key=k3)
+    scores = mx.broadcast_to(mx.where(mx.arange(W) == 0, 0.0, -mx.inf), (B, W)).astype(mx.float32)
+    state = mx.random.normal((B, W, 384), key=k4)
+    g = ref.verify_greedy(logits_n, beams, trie[3])
+    kv = mx.random.normal((6, 2, B, 2, S, 64), key=k5)
+    cache_len = mx.full((B,), S - N - 1, dtype=mx.int32)
+    au = mx.random.uniform(shape=(B, L - 1, W), key=k1)
+    su = mx.random.uniform(shape=(B,), key=k2)
+    arrays = [beams, *trie, logits_n, logits_w, scores, state, *g, kv, cache_len, au, su]
+    mx.eval(arrays)
+    return {
+        "beam_topk": lambda o: o.beam_topk(logits_w, scores, beams, state, 1),
+        "build_trie": lambda o: o.build_trie(beams),
+        "tree_mask": lambda o: o.tree_mask(trie[1], trie[4]),
+        "tree_mask_packed": lambda o: o.tree_mask(trie[1], trie[4], packed=True),
+        "verify_greedy": lambda o: o.verify_greedy(logits_n, beams, trie[3]),
+        "verify_sample": lambda o: o.verify_sample(logits_n, beams, trie[3], au, su, 1.0, 0, 0.9),
+        "kv_compact": lambda o: o.kv_compact(kv, cache_len, g[2], g[0]),
+    }
+
+
+def check_same(mx, name: str, want, got) -> None:
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    for i, (w, g) in enumerate(zip(want, got)):
+        if w.shape != g.shape or w.dtype != g.dtype:
+            raise SystemExit(f"{name}: output {i} is {g.dtype} {g.shape}, reference {w.dtype} {w.shape}")
+        ok = mx.allclose(w, g, atol=1e-4, rtol=1e-4) if mx.issubdtype(w.dtype, mx.floating) else mx.array_equal(w, g)
+        if not ok.item():
+            raise SystemExit(f"{name}: native output {i} differs from the reference")
+
+
+def bench_ops(mx, ref, native, a) -> None:
+    runs = a.runs or (40 if a.full else 10)
+    shapes = [(1, 4, 4, 4096), (3, 2, 4, 4096)]
+    if a.full:
+        shapes += [(1, 1, 8, 4096), (7, 4, 6, 4096), (1, 8, 8, 32000), (3, 4, 4, 32000)]
+    S = 256
+    print(f"\n== per-op: {runs} timed runs each, op + mx.eval wall time, S={S} for kv_compact ==")
+    if native is None:
+        print("native MLX ops: NOT AVAILABLE (redrafter_ext.mlx.ops or its extension missing): timing the reference only")
+    print(f"{'op':<17} {'B,W,L,V':<18} {'impl':<9} {'median ms':>10} {'IQR ms':>8} {'speedup':>8}")
+    for B, W, L, V in shapes:
+        for name, call in op_inputs(mx, ref, B, W, L, V, S).items():
+            impls = [("reference", ref)] + ([("native", native)] if native is not None else [])
+            if native is not None:
+                check_same(mx, name, call(ref), call(native))
+            med = {}
+            for label, mod in impls:
+                m, iqr = stats_ms(timed(lambda mod=mod, call=call: mx.eval(call(mod)), runs))
+                med[label] = m
+                sp = f"{med['reference'] / m:7.2f}x" if label == "native" else ""
+                print(f"{name:<17} {f'{B},{W},{L},{V}':<18} {label:<9} {m:10.3f} {iqr:8.3f} {sp:>8}", flush=True)
+
+
+def bench_e2e(mx, rxm, a) -> None:
+    from redrafter_ext.demo import CHECKPOINTS, load_prompt_ids
+
+    repeats = a.repeats or (5 if a.full else 3)
+    n = a.new_tokens or (96 if a.full else 24)
+    configs = [(1, 4), (1, 8)] + ([(2, 4), (4, 4), (2, 6)] if a.full else [])
+    from tokenizers import Tokenizer
+
+    target = rxm.LlamaTarget.from_pretrained(CHECKPOINTS / "target")
+    drafter = rxm.Drafter.from_pretrained(CHECKPOINTS / "drafter", dtype=getattr(mx, a.drafter_dtype))
+    tok = Tokenizer.from_file(str(CHECKPOINTS / "target" / "tokenizer.json"))
+    prompts = load_prompt_ids(tok, a.prompts or (3 if a.full else 1), 160, target.vocab_size)
+    ops = rxm.default_ops()
+    print(f"\n== end to end: shipped model (target float32, drafter {drafter.dtype}), batch 1, {len(prompts)} "
+          f"held-out prompt(s) one after another, {n} new tokens each, median of {repeats} runs (prefill included), "
+          f"ops: {ops.__name__} ==")
+    print(f"{'method':<14} {'tok/s':>8} {'spread':>8} {'tok/step':>9} {'speedup':>8}")
+
+    def run(fn):
+        """(outputs per prompt, median tok/s, max - min tok/s) of ``fn(prompt, k)`` over all prompts."""
+        times, outs = [], []
+        fn(prompts[0], 8)  # warm-up (short)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            outs = [fn(p, n) for p in prompts]
+            times.append(time.perf_counter() - t0)
+        tokens = sum(len(o.tokens[0]) for o in outs)
+        rates = sorted(tokens / t for t in times)
+        per_step = tokens / sum(sum(o.steps) for o in outs)
+        return [o.tokens for o in outs], statistics.median(rates), rates[-1] - rates[0], per_step
+
+    ar, ar_rate, ar_spread, _ = run(lambda p, k: rxm.autoregressive_generate(target, [p], k))
+    print(f"{'AR':<14} {ar_rate:8.1f} {ar_spread:8.1f} {1.0:9.2f} {1.0:7.2f}x", flush=True)
+    for W, L in configs:
+        out, rate, spread, per_step = run(lambda p, k, W=W, L=L: rxm.generate(
+            target, drafter, [p], k, beam_width=W, beam_length=L, ops=ops))
+        if out != ar:
+            raise SystemExit(f"ReDrafter W={W} L={L}: greedy output differs from AR")
+        print(f"{f'W={W} L={L}':<14} {rate:8.1f} {spread:8.1f} {per_step:9.2f} {rate / ar_rate:7.2f}x", flush=True)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    # thread counts must be set before the BLAS/OpenMP runtimes load
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(a.threads)
+    import mlx.core as mx
+    import torch
+
+    torch.set_num_threads(a.threads)  # the torch half of redrafter_ext is imported, not timed
+    import redrafter_ext.mlx as rxm
+    from redrafter_ext.mlx import reference as ref
+
+    native = rxm.native_ops()
+    print(f"mlx {mx.__version__}, device {mx.default_device()}, threads {a.threads}, "
+          f"native ops: {'yes (' + native.__name__ + ')' if native else 'no'}, python {sys.version.split()[0]}")
+    if not a.skip_ops:
+        bench_ops(mx, ref, native, a)
+    if not a.skip_e2e:
+        bench_e2e(mx, rxm, a)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

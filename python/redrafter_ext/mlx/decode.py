@@ -1,0 +1,465 @@
+"""The ReDrafter loop on MLX: ``decode_step`` (one speculative step, no host reads) and ``generate``.
+
+One step, for B rows at once (W beams of L tokens, N = 1 + W*(L-1) trie nodes):
+    beams        = drafter.beam_search(hidden, token)              # (B, W, L)
+    trie         = ops.build_trie(beams)                           # (B, N) tokens/parents/depths
+    mask         = ops.tree_mask(parent, num_nodes)                # (B, N, N) ancestor-or-self
+    logits, h, kv = target(trie tokens, cache_len + depth, mask)   # (B, N, V), K/V at cache_len+n
+    accept       = ops.verify_greedy(logits, beams, beam_node)     # or ops.verify_sample(...)
+    kv, cache_len = ops.kv_compact(kv, cache_len, path_nodes, accept)
+    commit root + accepted tokens to the output buffer; hidden, token <- last accepted node
+
+The same algorithm as ``redrafter_ext.decode``, written functionally: MLX arrays are immutable, so
+``decode_step`` returns a new ``DecodeState`` instead of updating one in place. Everything stays
+lazy: the step builds a graph and never reads a value on the host; ``generate`` schedules each step
+with ``mx.async_eval`` and reads the "all rows done" flag once every ``check_every`` steps.
+
+Sampling: the uniforms come from ``mx.random`` with an explicit key carried in the state (split
+once per step), so a seed reproduces the output exactly and no host RNG is involved.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from types import ModuleType
+
+import mlx.core as mx
+
+from . import reference
+from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
+
+__all__ = [
+    "DecodeState",
+    "GenerateOutput",
+    "SamplingParams",
+    "decode_step",
+    "generate",
+    "autoregressive_generate",
+    "default_ops",
+]
+
+log = logging.getLogger("redrafter_ext.mlx")
+OP_NAMES = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact")
+_default_ops: ModuleType | None = None
+
+
+def native_ops() -> ModuleType | None:
+    """``redrafter_ext.mlx.ops`` when it imports, its native extension loaded and all six ops present."""
+    try:
+        from . import ops
+    except (ImportError, OSError) as e:  # no module, or no loadable compiled extension behind it
+        log.debug("redrafter_ext.mlx.ops unavailable: %s", e)
+        return None
+    available = getattr(ops, "available", True)
+    if callable(available):
+        available = available()
+    if not available or not all(callable(getattr(ops, n, None)) for n in OP_NAMES):
+        return None
+    return ops
+
+
+def default_ops() -> ModuleType:
+    """The native ops (``redrafter_ext.mlx.ops``) when present, else the pure-MLX ``reference``."""
+    global _default_ops
+    if _default_ops is None:
+        _default_ops = native_ops() or reference
+        log.info("redrafter_ext.mlx: using %s ops (%s)", "native" if _default_ops is not reference else "reference",
+                 _default_ops.__name__)
+    return _default_ops
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling from the target's distribution after temperature, top-k and top-p.
+
+    temperature >= 0 (0 is greedy: argmax and ``verify_greedy``, exactly); top_k >= 0 (0: off);
+    top_p in (0, 1] (1: off).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"sampling: temperature must be a finite float >= 0, got {t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"sampling: top_k must be an int >= 0 (0: off), got {self.top_k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"sampling: top_p must be a float in (0, 1] (1: off), got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.temperature) == 0.0
+
+    def sample(self, logits: mx.array, u: mx.array | None) -> mx.array:
+        """One token per row of ``logits (B, V)`` with uniforms ``u (B,)``: int32 ``(B,)``."""
+        if self.greedy:
+            return mx.argmax(logits, axis=-1).astype(mx.int32)
+        p = sampling_probs(logits, float(self.temperature), int(self.top_k), float(self.top_p))
+        return sample_inverse_cdf(p, u)
+
+
+@dataclass(frozen=True)
+class DecodeState:
+    """Everything that changes across decode steps (immutable: each step returns a new state).
+
+    kv         (n_layers, 2, B, H_kv, S, D)  target KV cache
+    cache_len  (B,) int32   tokens whose K/V are committed in ``kv``
+    hidden     (B, H)       target hidden state (after final norm) at the last committed token
+    token      (B,) int32   the guaranteed next token (not yet in the cache)
+    out        (B, max_new_tokens + L) int32  generated tokens; the last L columns are scratch
+    num_out    (B,) int32   tokens written to ``out``
+    done       (B,) bool    row finished (EOS committed or max_new_tokens reached)
+    steps      (B,) int32   decode steps taken while the row was active
+    nodes      (B,) int32   trie nodes verified while the row was active
+    key        mx.random key for the sampling uniforms (None when greedy)
+    """
+
+    kv: mx.array
+    cache_len: mx.array
+    hidden: mx.array
+    token: mx.array
+    out: mx.array
+    num_out: mx.array
+    done: mx.array
+    steps: mx.array
+    nodes: mx.array
+    max_new_tokens: int
+    eos_id: int | None = None
+    key: mx.array | None = None
+
+    def arrays(self) -> list[mx.array]:
+        """Every array of the state (for ``mx.eval``/``mx.async_eval``)."""
+        return [v for f in fields(self) if isinstance(v := getattr(self, f.name), mx.array)]
+
+    def check(self, target, beam_width: int, beam_length: int) -> None:
+        """Metadata checks only (no values are read)."""
+        op = "decode_step"
+        if beam_width < 1 or beam_length < 1:
+            raise ValueError(f"{op}: beam_width and beam_length must be >= 1, got {beam_width}, {beam_length}")
+        if self.kv.ndim != 6 or self.kv.shape[1] != 2:
+            raise ValueError(f"{op}: state.kv must have shape (n_layers, 2, B, H_kv, S, D), got {tuple(self.kv.shape)}")
+        B, S = self.kv.shape[2], self.kv.shape[4]
+        for name in ("cache_len", "token", "num_out", "steps", "nodes"):
+            a = getattr(self, name)
+            if tuple(a.shape) != (B,) or a.dtype != mx.int32:
+                raise ValueError(f"{op}: state.{name} must be int32 of shape (B,) = ({B},), got {a.dtype} {tuple(a.shape)}")
+        if tuple(self.done.shape) != (B,) or self.done.dtype != mx.bool_:
+            raise ValueError(f"{op}: state.done must be bool of shape ({B},)")
+        if tuple(self.hidden.shape) != (B, target.hidden_size):
+            raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size})")
+        N = num_nodes_max(beam_width, beam_length)
+        if N > S:
+            raise ValueError(f"{op}: the trie needs N = 1 + W*(L-1) = {N} cache slots but the cache has S = {S}")
+        if self.out.ndim != 2 or self.out.shape[0] != B or self.out.shape[1] < self.max_new_tokens + beam_length:
+            raise ValueError(f"{op}: state.out needs shape (B, >= max_new_tokens + L = {self.max_new_tokens + beam_length})")
+
+
+def decode_step(
+    target,
+    drafter,
+    state: DecodeState,
+    *,
+    beam_width: int,
+    beam_length: int,
+    ops: ModuleType | None = None,
+    sampling: SamplingParams | None = None,
+    uniforms: tuple[mx.array, mx.array] | None = None,
+) -> tuple[DecodeState, mx.array]:
+    """One ReDrafter step for every row. Lazy: builds the graph and never reads a value on the host.
+
+    Args:
+        target: implements the MLX target protocol (``redrafter_ext.mlx.models``).
+        drafter: has ``beam_search(hidden, token, embed_weight, W, L, ops) -> (B, W, L)``.
+        state: the decode state; the caller guarantees cache room for ``cache_len + N`` slots.
+        ops: a module with the six ops (default: ``default_ops()``).
+        sampling: None or greedy for ``verify_greedy``; otherwise exact sampling (``verify_sample``)
+            with uniforms drawn from ``state.key``.
+        uniforms: optional ``(accept_u (B, L-1, W), sample_u (B,))`` float32 to use instead of
+            drawing them (tests, replay); requires a non-greedy ``sampling``.
+
+    Returns:
+        ``(new_state, n_commit)``: ``n_commit (B,)`` int32 tokens committed per row (0 when finished).
+    """
+    ops = ops or default_ops()
+    state.check(target, beam_width, beam_length)
+    W, L = beam_width, beam_length
+    greedy = sampling is None or sampling.greedy
+    if uniforms is not None and greedy:
+        raise ValueError("decode_step: uniforms are only used with sampling (temperature > 0)")
+    B = state.token.shape[0]
+
+    # 1-3: draft, merge into a trie, build the ancestor mask
+    beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
+    node_token, node_parent, node_depth, beam_node, num_nodes = ops.build_trie(beams)
+    mask = ops.tree_mask(node_parent, num_nodes)  # [B, N, N]
+
+    # 4-5: verify the whole trie in one target forward (K/V land at cache_len + node), then accept
+    positions = state.cache_len[:, None] + node_depth  # [B, N]
+    logits, hidden, kv = target(node_token, positions, mask, state.cache_len, state.kv)
+    key = state.key
+    if greedy:
+        accept_len, best_beam, path_nodes, next_token = ops.verify_greedy(logits, beams, beam_node)
+    else:
+        if uniforms is None:
+            if key is None:
+                raise ValueError("decode_step: sampling needs state.key (an mx.random.key)")
+            key, k_acc, k_next = mx.random.split(key, 3)
+            uniforms = (mx.random.uniform(shape=(B, L - 1, W), key=k_acc), mx.random.uniform(shape=(B,), key=k_next))
+        accept_len, best_beam, path_nodes, next_token = ops.verify_sample(
+            logits, beams, beam_node, uniforms[0], uniforms[1],
+            float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
+        )
+    return _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops)
+
+
+def _gather_rows(a: mx.array, idx: mx.array) -> mx.array:
+    """``a[b, idx[b]]`` for ``a (B, T, ...)`` and ``idx (B,)`` (clamped into range)."""
+    idx = mx.clip(idx.astype(mx.int32), 0, a.shape[1] - 1).reshape((-1, 1) + (1,) * (a.ndim - 2))
+    return mx.take_along_axis(a, mx.broadcast_to(idx, (a.shape[0], 1) + tuple(a.shape[2:])), axis=1)[:, 0]
+
+
+def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops):
+    """Steps 6-7: compact the KV cache, write the committed tokens; returns (new state, n_commit)."""
+    B, _, L = beams.shape
+    i = mx.arange(L, dtype=mx.int32)
+    path_tokens = _gather_rows(beams, best_beam).astype(mx.int32)  # [B, L]
+
+    # commit root + accepted drafts, cut after an EOS and at max_new_tokens; -1 = inactive row
+    n_commit = accept_len.astype(mx.int32) + 1
+    if state.eos_id is not None:
+        is_eos = (path_tokens == state.eos_id) & (i[None, :] < n_commit[:, None])
+        first_eos = mx.min(mx.where(is_eos, i[None, :], L), axis=1)
+        n_commit = mx.minimum(n_commit, first_eos + 1)
+    n_commit = mx.minimum(n_commit, state.max_new_tokens - state.num_out)
+    n_commit = mx.where(state.done, 0, n_commit).astype(mx.int32)
+    last = n_commit - 1  # the last committed path position, -1 for inactive rows
+
+    # 6: keep only the committed path's K/V; cache_len += n_commit
+    kv, cache_len = ops.kv_compact(kv, state.cache_len, path_nodes, last)
+
+    # 7: fixed-shape scatter into the output buffer; uncommitted positions go to scratch columns
+    scratch = state.out.shape[1] - L + i
+    dst = mx.where(i[None, :] < n_commit[:, None], state.num_out[:, None] + i[None, :], scratch[None, :])
+    out = mx.put_along_axis(state.out, dst, path_tokens, axis=1)
+    last_c = mx.maximum(last, 0)
+    last_node = _gather_rows(path_nodes[:, :, None], last_c)[:, 0]  # [B]
+    new_hidden = _gather_rows(hidden, last_node)
+    active = ~state.done
+    num_out = state.num_out + n_commit
+    finished = num_out >= state.max_new_tokens
+    if state.eos_id is not None:
+        last_tok = _gather_rows(path_tokens[:, :, None], last_c)[:, 0]
+        finished = finished | ((n_commit > 0) & (last_tok == state.eos_id))
+    new = replace(
+        state,
+        kv=kv,
+        cache_len=cache_len,
+        hidden=mx.where(active[:, None], new_hidden.astype(state.hidden.dtype), state.hidden),
+        token=mx.where(active, next_token.astype(mx.int32), state.token),
+        out=out,
+        num_out=num_out,
+        done=state.done | finished,
+        steps=state.steps + active.astype(mx.int32),
+        nodes=state.nodes + mx.where(active, num_nodes, 0).astype(mx.int32),
+        key=key,
+    )
+    return new, n_commit
+
+
+@dataclass
+class GenerateOutput:
+    """tokens: generated ids per row (EOS included when hit); steps/nodes: per-row decode steps and
+    trie nodes verified; state: the final decode state (cache included)."""
+
+    tokens: list[list[int]]
+    steps: list[int]
+    nodes: list[int]
+    state: DecodeState
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean committed tokens per decode step over all rows (accepted + 1)."""
+        return sum(map(len, self.tokens)) / max(1, sum(self.steps))
+
+
+def _prepare_prompts(target, prompts) -> tuple[mx.array, mx.array]:
+    """Right-pad prompts into ``(B, T)`` int32 + ``lengths (B,)`` after validating them on the host."""
+    if isinstance(prompts, mx.array):
+        if prompts.ndim != 2:
+            raise ValueError(f"generate: prompts must be a (B, T) array or a list of lists, got shape {prompts.shape}")
+        prompts = prompts.tolist()  # sync-ok: host-side validation before decoding starts
+    rows = [list(map(int, p)) for p in prompts]
+    if not rows:
+        raise ValueError("generate: prompts is empty")
+    V = target.vocab_size
+    for b, p in enumerate(rows):
+        if not p:
+            raise ValueError(f"generate: prompts[{b}] is empty")
+        bad = [t for t in p if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"generate: prompts[{b}] has token id {bad[0]} outside the vocabulary [0, {V})")
+    T = max(map(len, rows))
+    tokens = mx.array([p + [0] * (T - len(p)) for p in rows], dtype=mx.int32)
+    lengths = mx.array([len(p) for p in rows], dtype=mx.int32)
+    return tokens, lengths
+
+
+def _sampling_or_none(temperature: float, top_k: int, top_p: float) -> SamplingParams | None:
+    params = SamplingParams(temperature, top_k, top_p)  # validates
+    return None if params.greedy else params
+
+
+def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None,
+           sampling: SamplingParams | None, seed: int) -> DecodeState:
+    """Validate, allocate the cache and prefill (the first token sampled when ``sampling``)."""
+    if max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if eos_id is not None and not 0 <= eos_id < target.vocab_size:
+        raise ValueError(f"generate: eos_id={eos_id} is outside the vocabulary [0, {target.vocab_size})")
+    tokens, lengths = _prepare_prompts(target, prompts)
+    B, T = tokens.shape
+    need = T + max_new_tokens + slack
+    S = max_len or need
+    if S < need:
+        raise ValueError(
+            f"generate: max_len={S} leaves no room: prompt {T} + max_new_tokens {max_new_tokens} "
+            f"+ trie N={slack} needs {need} cache slots"
+        )
+    kv = target.new_kv_cache(B, S)
+    logits, hidden, kv = target.prefill(tokens, lengths, kv)
+    key = None
+    u = None
+    if sampling is not None:
+        key, k0 = mx.random.split(mx.random.key(int(seed)))
+        u = mx.random.uniform(shape=(B,), key=k0)
+    token = (sampling or SamplingParams(0.0)).sample(logits, u)
+    z = mx.zeros((B,), dtype=mx.int32)
+    state = DecodeState(
+        kv=kv, cache_len=lengths, hidden=hidden, token=token,
+        out=mx.zeros((B, max_new_tokens + slack), dtype=mx.int32), num_out=z,
+        done=mx.full((B,), max_new_tokens == 0, dtype=mx.bool_), steps=z, nodes=z,
+        max_new_tokens=max_new_tokens, eos_id=eos_id, key=key,
+    )
+    mx.eval(state.arrays())
+    return state
+
+
+def _finish(state: DecodeState) -> GenerateOutput:
+    mx.eval(state.arrays())
+    out = state.out.tolist()  # sync-ok: the result leaves the device once, after the loop
+    n = state.num_out.tolist()  # sync-ok
+    return GenerateOutput(
+        tokens=[out[b][: n[b]] for b in range(len(n))],
+        steps=state.steps.tolist(),  # sync-ok
+        nodes=state.nodes.tolist(),  # sync-ok
+        state=state,
+    )
+
+
+def _all_done(state: DecodeState) -> bool:
+    return bool(mx.all(state.done).item())  # sync-ok: once every check_every steps
+
+
+def generate(
+    target,
+    drafter,
+    prompts: Sequence[Sequence[int]] | mx.array,
+    max_new_tokens: int,
+    *,
+    beam_width: int = 4,
+    beam_length: int = 4,
+    eos_id: int | None = None,
+    ops: ModuleType | None = None,
+    check_every: int = 4,
+    max_len: int | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> GenerateOutput:
+    """ReDrafter generation on MLX: prefill, then ``decode_step`` until every row is done.
+
+    Args:
+        prompts: B prompts of any lengths (list of token-id lists, or a ``(B, T)`` array).
+        max_new_tokens: per-row limit on generated tokens (EOS included).
+        beam_width, beam_length: W and L (L counts the guaranteed token; L = 1 is plain AR).
+        eos_id: stop a row after it commits this token.
+        ops: a module with the six ops (default: native ``redrafter_ext.mlx.ops`` when present, else
+            ``redrafter_ext.mlx.reference``).
+        check_every: read the "all rows done" flag on the host once every this many steps.
+        max_len: cache length S (default: just enough).
+        temperature, top_k, top_p: sampling; temperature 0 (the default) is greedy.
+        seed: seeds the ``mx.random`` key of all the uniforms.
+
+    Returns:
+        ``GenerateOutput``; greedy: the tokens of ``autoregressive_generate``, token for token;
+        sampling: distributed as ``autoregressive_generate``'s, reproducible for a given seed.
+    """
+    if check_every < 1:
+        raise ValueError(f"generate: check_every must be >= 1, got {check_every}")
+    N = num_nodes_max(beam_width, beam_length)
+    sampling = _sampling_or_none(temperature, top_k, top_p)
+    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
+    ops = ops or default_ops()
+    for step in range(max_new_tokens):
+        state, _ = decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops,
+                               sampling=sampling)
+        mx.async_eval(state.arrays())  # schedules the step; the host runs ahead to build the next
+        if (step + 1) % check_every == 0 and _all_done(state):
+            break
+    return _finish(state)
+
+
+def autoregressive_generate(
+    target,
+    prompts: Sequence[Sequence[int]] | mx.array,
+    max_new_tokens: int,
+    *,
+    eos_id: int | None = None,
+    check_every: int = 4,
+    max_len: int | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> GenerateOutput:
+    """Plain decoding with the same target and cache: one token per forward (the baseline)."""
+    if check_every < 1:
+        raise ValueError(f"generate: check_every must be >= 1, got {check_every}")
+    sampling = _sampling_or_none(temperature, top_k, top_p)
+    state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling, seed)
+    params = sampling or SamplingParams(0.0)
+    B = state.token.shape[0]
+    ones = mx.ones((B, 1, 1), dtype=mx.bool_)
+    for step in range(max_new_tokens):
+        active = ~state.done
+        tok = state.token
+        logits, hidden, kv = target(tok[:, None], state.cache_len[:, None], ones, state.cache_len, state.kv)
+        key, u = state.key, None
+        if sampling is not None:
+            key, k = mx.random.split(key)
+            u = mx.random.uniform(shape=(B,), key=k)
+        # commit `tok`: write it, advance the cache, take the next token
+        dst = mx.where(active, state.num_out, state.out.shape[1] - 1)
+        out = mx.put_along_axis(state.out, dst[:, None], tok[:, None], axis=1)
+        a = active.astype(mx.int32)
+        num_out = state.num_out + a
+        finished = num_out >= max_new_tokens
+        if eos_id is not None:
+            finished = finished | (active & (tok == eos_id))
+        state = replace(
+            state, kv=kv, cache_len=state.cache_len + a, hidden=mx.where(active[:, None], hidden[:, 0], state.hidden),
+            token=mx.where(active, params.sample(logits[:, 0], u), tok), out=out, num_out=num_out,
+            done=state.done | finished, steps=state.steps + a, nodes=state.nodes + a, key=key,
+        )
+        mx.async_eval(state.arrays())
+        if (step + 1) % check_every == 0 and _all_done(state):
+            break
+    return _finish(state)

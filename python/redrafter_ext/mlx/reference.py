@@ -1,0 +1,499 @@
+"""Pure ``mlx.core`` reference of every op: the MLX oracle, same semantics as ``redrafter_ext.reference``.
+
+Notation: B batch rows, W beam width, L beam length including the guaranteed token, V vocabulary,
+N = 1 + W*(L-1) trie nodes (node 0 is the root). Integer inputs may be int32 or int64; integer
+outputs are int32; scores are float32 whatever the logits dtype.
+
+Differences from the PyTorch reference, all forced by MLX being functional and lazy:
+- ``kv_compact`` cannot write in place: it returns ``(kv, cache_len)``.
+- Value-range checks (``torch._assert_async`` there) would need a host read here, so only metadata
+  (type, rank, dtype, shape) is checked; every gather/scatter index is clamped into range instead,
+  so out-of-contract values give wrong numbers, never out-of-bounds memory accesses.
+- ``verify_sample``/``sampling_probs`` compute in float64, which MLX supports on the CPU only: they
+  run on the CPU stream (on Apple silicon the memory is shared, so this costs no copy). MLX's
+  float64 ``exp`` is only float32-accurate, so ``exp`` is computed here to within 1 ulp (the torch
+  reference's is within 1 ulp too: probabilities agree to ~1e-16 relative, not bit for bit, so a
+  sampling decision can differ only when a uniform falls within ~1e-16 of its threshold).
+
+No function here reads a value on the host (no ``.item()``, ``.tolist()``, numpy conversion or
+Python branching on array values): every output has a fixed shape and stays lazy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+__all__ = [
+    "beam_topk",
+    "build_trie",
+    "tree_mask",
+    "verify_greedy",
+    "verify_sample",
+    "kv_compact",
+    "num_nodes_max",
+    "sampling_probs",
+    "sample_inverse_cdf",
+]
+
+INT_DTYPES = (mx.int32, mx.int64)
+FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
+def num_nodes_max(beam_width: int, beam_length: int) -> int:
+    """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce."""
+    return 1 + beam_width * (beam_length - 1)
+
+
+# -- metadata checks (no values read) -------------------------------------------------------------
+
+
+def _check(op: str, name: str, a: object, dims: str, dtypes=None) -> mx.array:
+    if not isinstance(a, mx.array):
+        raise TypeError(f"{op}: {name} must be an mlx.core.array of shape ({dims}), got {type(a).__name__}")
+    ndim = len([d for d in dims.split(",") if d.strip()])
+    if a.ndim != ndim:
+        raise ValueError(f"{op}: {name} must have {ndim} dims ({dims}), got shape {tuple(a.shape)}")
+    if dtypes is not None and a.dtype not in dtypes:
+        names = ", ".join(str(d).replace("mlx.core.", "") for d in dtypes)
+        raise TypeError(f"{op}: {name} must have dtype in ({names}), got {str(a.dtype).replace('mlx.core.', '')}")
+    return a
+
+
+def _check_shape(op: str, name: str, a: mx.array, expected, dims: str) -> None:
+    if tuple(a.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name} must have shape ({dims}) = {tuple(expected)}, got {tuple(a.shape)}")
+
+
+def _check_verify(op: str, logits, beams, beam_node) -> None:
+    _check(op, "logits", logits, "B, N, V", FLOAT_DTYPES)
+    _check(op, "beams", beams, "B, W, L", INT_DTYPES)
+    _check(op, "beam_node", beam_node, "B, W, L", INT_DTYPES)
+    B, W, L = beams.shape
+    if W < 1 or L < 1:
+        raise ValueError(f"{op}: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
+    if logits.shape[0] != B:
+        raise ValueError(f"{op}: logits has batch {logits.shape[0]} but beams has batch {B}")
+    if logits.shape[1] < 1 + W * (L - 1):
+        raise ValueError(
+            f"{op}: logits must cover N >= 1 + W*(L-1) = {1 + W * (L - 1)} nodes, got shape {tuple(logits.shape)}"
+        )
+    if logits.shape[2] < 1:
+        raise ValueError(f"{op}: logits must have V >= 1, got shape {tuple(logits.shape)}")
+    _check_shape(op, "beam_node", beam_node, beams.shape, "B, W, L")
+
+
+def _gather(a: mx.array, idx: mx.array, axis: int) -> mx.array:
+    """``torch.gather`` with the index clamped into ``[0, a.shape[axis])`` (MLX does not bound-check)."""
+    idx = mx.clip(idx.astype(mx.int32), 0, a.shape[axis] - 1)
+    shape = list(a.shape)
+    shape[axis] = idx.shape[axis]
+    return mx.take_along_axis(a, mx.broadcast_to(idx, shape), axis=axis)
+
+
+# -- ops ------------------------------------------------------------------------------------------
+
+
+def beam_topk(
+    logits: mx.array, scores: mx.array, tokens: mx.array, state: mx.array, step: int
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """One beam-search step: log-softmax, running score, top-W over W*V, reorder by parent.
+
+    Args:
+        logits: ``(B, W, V)`` float32/float16/bfloat16 drafter logits.
+        scores: ``(B, W)`` float32 running joint log-probabilities (``[0, -inf, ...]`` at step 1).
+        tokens: ``(B, W, L)`` int token history; the row is copied from the parent beam, then
+            position ``step`` is overwritten.
+        state: ``(B, W, D)`` float drafter state of each beam (reordered with its beam).
+        step: position ``1 <= step < L`` written by this step.
+
+    Returns:
+        ``(scores (B, W) f32, tokens (B, W, L) i32, state (B, W, D), parent (B, W) i32)``, beams
+        sorted by score descending, ties to the lower flat index ``w * V + v``.
+    """
+    op = "beam_topk"
+    _check(op, "logits", logits, "B, W, V", FLOAT_DTYPES)
+    _check(op, "scores", scores, "B, W", (mx.float32,))
+    _check(op, "tokens", tokens, "B, W, L", INT_DTYPES)
+    _check(op, "state", state, "B, W, D", FLOAT_DTYPES)
+    B, W, V = logits.shape
+    L = tokens.shape[2]
+    if W < 1 or V < 1:
+        raise ValueError(f"{op}: logits must have W >= 1 and V >= 1, got shape {tuple(logits.shape)}")
+    _check_shape(op, "scores", scores, (B, W), "B, W")
+    if tuple(tokens.shape[:2]) != (B, W):
+        raise ValueError(f"{op}: tokens must have shape (B, W, L) with B={B}, W={W}, got {tuple(tokens.shape)}")
+    if tuple(state.shape[:2]) != (B, W):
+        raise ValueError(f"{op}: state must have shape (B, W, D) with B={B}, W={W}, got {tuple(state.shape)}")
+    if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step < L:
+        raise ValueError(f"{op}: step must be an int in [1, L) with L={L}, got {step!r}")
+
+    # log_softmax written out as in the torch reference (max-shift, exp, sum, log)
+    x = logits.astype(mx.float32)
+    shifted = x - mx.max(x, axis=-1, keepdims=True)
+    logsum = mx.log(mx.sum(mx.exp(shifted), axis=-1, keepdims=True))
+    cand = (scores[:, :, None] + (shifted - logsum)).reshape(B, W * V)
+    # MLX's sort is stable and ascending with NaN last; sorting -cand with NaN mapped to -inf gives
+    # torch's stable descending order (NaN first, equal candidates in flat-index order)
+    key = mx.where(mx.isnan(cand), -math.inf, -cand)
+    top = mx.argsort(key, axis=-1)[:, :W].astype(mx.int32)  # [B, W]
+    new_scores = mx.take_along_axis(cand, top, axis=1)
+    parent = top // V
+    token = top - parent * V
+    new_tokens = _gather(tokens.astype(mx.int32), parent[:, :, None], 1)
+    new_tokens = mx.where(mx.arange(L)[None, None, :] == step, token[:, :, None], new_tokens)
+    new_state = _gather(state, parent[:, :, None], 1)
+    return new_scores, new_tokens, new_state, parent
+
+
+def build_trie(beams: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array, mx.array]:
+    """Merge the beams' shared prefixes into a trie (node order: first occurrence, beam-major then depth).
+
+    Args:
+        beams: ``(B, W, L)`` int token ids; position 0 is the root (taken from beam 0).
+
+    Returns:
+        ``node_token, node_parent, node_depth`` ``(B, N)`` i32 (padding: token 0, parent -1,
+        depth 0; the root has parent -1), ``beam_node`` ``(B, W, L)`` i32, ``num_nodes`` ``(B,)`` i32.
+    """
+    _check("build_trie", "beams", beams, "B, W, L", INT_DTYPES)
+    B, W, L = beams.shape
+    if W < 1 or L < 1:
+        raise ValueError(f"build_trie: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
+    N = num_nodes_max(W, L)
+    beams = beams.astype(mx.int32)
+    root = beams[:, 0, 0]
+    if L == 1:  # only the root: no zero-size arrays through the ops below
+        z = mx.zeros((B, 1), dtype=mx.int32)
+        return root[:, None], z - 1, z, mx.zeros((B, W, 1), dtype=mx.int32), mx.ones((B,), dtype=mx.int32)
+    draft = beams[:, :, 1:]  # [B, W, L-1]
+    # same[b, w, v, d]: beams w and v agree on positions 1..d+1 (the prefix defining a node)
+    same = mx.cumprod((draft[:, :, None, :] == draft[:, None, :, :]).astype(mx.int32), axis=-1)
+    w_idx = mx.arange(W, dtype=mx.int32)
+    # owner[b, w, d]: the lowest beam sharing that prefix, i.e. where the node first occurs
+    owner = mx.min(mx.where(same > 0, w_idx[None, None, :, None], W), axis=2)  # [B, W, L-1]
+    is_new = owner == w_idx[None, :, None]
+    new_flat = is_new.reshape(B, W * (L - 1)).astype(mx.int32)
+    node_of_new = (mx.cumsum(new_flat, axis=1) - new_flat + 1).reshape(B, W, L - 1)
+    pos_node = mx.take_along_axis(node_of_new, owner, axis=1)  # [B, W, L-1]
+    beam_node = mx.concatenate([mx.zeros((B, W, 1), dtype=mx.int32), pos_node], axis=2)
+    parent_node = beam_node[:, :, :-1]
+    depth = mx.broadcast_to(mx.arange(1, L, dtype=mx.int32), (B, W, L - 1))
+
+    # scatter the new positions to their node slot; the rest go to a spill slot N that is dropped
+    slot = mx.where(is_new, pos_node, N).reshape(B, -1)
+    ones = mx.ones((B, N + 1), dtype=mx.int32)
+    node_token = mx.put_along_axis(ones * 0, slot, draft.reshape(B, -1), axis=1)[:, :N]
+    node_parent = mx.put_along_axis(-ones, slot, parent_node.reshape(B, -1), axis=1)[:, :N]
+    node_depth = mx.put_along_axis(ones * 0, slot, depth.reshape(B, -1), axis=1)[:, :N]
+    first = mx.arange(N)[None, :] == 0
+    node_token = mx.where(first, root[:, None], node_token)
+    node_parent = mx.where(first, -1, node_parent)
+    node_depth = mx.where(first, 0, node_depth)
+    num_nodes = (mx.sum(new_flat, axis=1) + 1).astype(mx.int32)
+    return node_token, node_parent, node_depth, beam_node, num_nodes
+
+
+def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False) -> mx.array:
+    """Ancestor-or-self mask of the trie.
+
+    Args:
+        node_parent: ``(B, N)`` int, parent of each node (-1 for the root and padding), parent < child.
+        num_nodes: ``(B,)`` int, valid nodes per row; rows ``>= num_nodes`` see only themselves.
+        packed: return int32 bit words instead of bools.
+
+    Returns:
+        bool ``(B, N, N)`` (``mask[b, i, j]``: node j is an ancestor-or-self of node i), or, when
+        ``packed``, int32 ``(B, N, ceil(N/32))``, bit ``j % 32`` of word ``j // 32``, LSB first.
+    """
+    op = "tree_mask"
+    _check(op, "node_parent", node_parent, "B, N", INT_DTYPES)
+    _check(op, "num_nodes", num_nodes, "B", INT_DTYPES)
+    B, N = node_parent.shape
+    if N < 1:
+        raise ValueError(f"{op}: node_parent must have N >= 1 nodes, got shape {tuple(node_parent.shape)}")
+    _check_shape(op, "num_nodes", num_nodes, (B,), "B")
+    node = mx.arange(N, dtype=mx.int32)
+    valid = node[None, :] < num_nodes.astype(mx.int32)[:, None]
+    # padding nodes hang from nobody, so they can neither see nor be seen by the tree; parents are
+    # clamped below N so a bad parent cannot index out of bounds
+    jump = mx.where(valid, mx.minimum(node_parent.astype(mx.int32), N - 1), -1)
+    mask = mx.broadcast_to(node[:, None] == node[None, :], (B, N, N))
+    # pointer doubling: after k rounds mask[i] holds the ancestors at distance < 2^k and jump[i]
+    # is the ancestor at distance 2^k (-1 past the root)
+    for _ in range(max(1, math.ceil(math.log2(max(N, 2))))):
+        has = jump >= 0
+        j = mx.maximum(jump, 0)
+        mask = mask | (_gather(mask, j[:, :, None], 1) & has[:, :, None])
+        jump = mx.where(has, mx.take_along_axis(jump, j, axis=1), -1)
+    if not packed:
+        return mask
+    words = (N + 31) // 32
+    bits = mask.astype(mx.uint32)
+    if words * 32 > N:
+        bits = mx.concatenate([bits, mx.zeros((B, N, words * 32 - N), dtype=mx.uint32)], axis=2)
+    weight = mx.left_shift(mx.array(1, dtype=mx.uint32), mx.arange(32, dtype=mx.uint32))
+    # distinct powers of two: the uint32 sum is the OR; view reinterprets bit 31 as the sign
+    packed_words = mx.sum(bits.reshape(B, N, words, 32) * weight, axis=-1).astype(mx.uint32)
+    return mx.view(packed_words, mx.int32)
+
+
+def verify_greedy(
+    logits: mx.array, beams: mx.array, beam_node: mx.array
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Greedy acceptance: the longest beam whose draft tokens equal the target's argmax.
+
+    Args:
+        logits: ``(B, N, V)`` target logits at each trie node.
+        beams: ``(B, W, L)`` int draft beams (position 0 is the guaranteed token).
+        beam_node: ``(B, W, L)`` int node of each beam position (from ``build_trie``).
+
+    Returns:
+        ``accept_len (B,)`` (0..L-1), ``best_beam (B,)`` (ties to the lowest beam), ``path_nodes
+        (B, L)`` (root first, -1 past it), ``next_token (B,)`` (argmax at the last accepted node). int32.
+    """
+    _check_verify("verify_greedy", logits, beams, beam_node)
+    B, W, L = beams.shape
+    target = mx.argmax(logits, axis=-1).astype(mx.int32)  # [B, N]; first maximum on ties
+    bn = mx.clip(beam_node.astype(mx.int32), 0, logits.shape[1] - 1)
+    pred = mx.take_along_axis(target, bn.reshape(B, W * L), axis=1).reshape(B, W, L)
+    match = (beams[:, :, 1:].astype(mx.int32) == pred[:, :, :-1]).astype(mx.int32)
+    accept = mx.sum(mx.cumprod(match, axis=-1), axis=-1)  # [B, W]
+    accept_len = mx.max(accept, axis=1).astype(mx.int32)
+    best = mx.argmax(accept, axis=1).astype(mx.int32)  # first maximal beam
+    path = _gather(bn, best[:, None, None], 1).reshape(B, L)
+    i = mx.arange(L, dtype=mx.int32)
+    path_nodes = mx.where(i[None, :] <= accept_len[:, None], path, -1)
+    last = _gather(path, accept_len[:, None], 1)
+    next_token = mx.take_along_axis(target, last, axis=1).reshape(B)
+    return accept_len, best, path_nodes, next_token
+
+
+# fdlibm's split of ln 2 (the high part has trailing zero bits, so k * LN2_HI is exact)
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_INV_LN2 = 1.44269504088896338700e00
+
+
+def _exp_f64(x: mx.array) -> mx.array:
+    """``exp`` of a float64 array to within 1 ulp (for ``x <= 0``; 0 below the normal range).
+
+    MLX's own float64 ``exp`` has float32 accuracy (relative error ~1e-7), which would move the
+    sampling decisions' float64 thresholds; add, multiply and floor are exact IEEE float64, so:
+    ``x = k ln2 + r`` (Cody-Waite), ``exp(r)`` by its Taylor series to degree 17 (|r| <= ln2/2),
+    times ``2^k`` built from the exponent bits. Results below 2^-1022 (x < -708.4) flush to 0
+    where IEEE exp would give a subnormal.
+    """
+    k = mx.maximum(mx.floor(x * _INV_LN2 + 0.5), -1100.0)
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    s = mx.zeros_like(r) + 1.0 / math.factorial(17)
+    for n in range(16, -1, -1):
+        s = s * r + 1.0 / math.factorial(n)
+    ki = k.astype(mx.int64)
+    scale = mx.view(mx.left_shift(mx.maximum(ki + 1023, 0), 52), mx.float64)
+    return mx.where(ki < -1022, 0.0, s * scale)
+
+
+def sampling_probs(logits: mx.array, temperature: float, top_k: int = 0, top_p: float = 1.0) -> mx.array:
+    """The sampling distribution after temperature, top-k and top-p, in float64 (CPU stream).
+
+    The arithmetic of ``redrafter_ext.reference.sampling_probs``: ``x = f64(logits) * (1/T)``;
+    top-k keeps ``x >=`` the k-th largest (boundary ties kept); ``p = exp(x - max) / Z`` with ``Z``
+    the sequential index-order sum; top-p keeps the smallest descending prefix (ties: lower index
+    first) whose exclusive mass is ``< top_p``, renormalised by the sequential sum of the kept ``p``.
+
+    Args:
+        logits: ``(..., V)`` float32/float16/bfloat16.
+        temperature: ``> 0``. top_k: 0 (off) or tokens kept. top_p: in ``(0, 1]``, 1 is off.
+
+    Returns:
+        ``(..., V)`` float64 probabilities.
+    """
+    with mx.stream(mx.cpu):
+        x = logits.astype(mx.float64) * (1.0 / float(temperature))
+        V = x.shape[-1]
+        if 0 < top_k < V:
+            thr = mx.min(mx.topk(x, top_k, axis=-1), axis=-1, keepdims=True)
+            x = mx.where(x >= thr, x, -math.inf)
+        e = _exp_f64(x - mx.max(x, axis=-1, keepdims=True))
+        # cumsum is a sequential sum, as the torch reference's: the same float64 normaliser
+        p = e / mx.cumsum(e, axis=-1)[..., -1:]
+        if top_p < 1.0:
+            order = mx.argsort(-p, axis=-1)  # stable: equal probabilities keep index order
+            csum = mx.cumsum(mx.take_along_axis(p, order, axis=-1), axis=-1)
+            excl = mx.concatenate([mx.zeros_like(csum[..., :1]), csum[..., :-1]], axis=-1)
+            keep = mx.put_along_axis(mx.zeros(p.shape, dtype=mx.bool_), order, excl < top_p, axis=-1)
+            p = mx.where(keep, p, 0.0)
+            p = p / mx.cumsum(p, axis=-1)[..., -1:]
+        return p
+
+
+def sample_inverse_cdf(probs: mx.array, u: mx.array) -> mx.array:
+    """Inverse-CDF sampling: the first token whose cumulative mass exceeds ``u * total``.
+
+    Args:
+        probs: ``(..., V)`` non-negative weights (need not sum to 1).
+        u: ``(...)`` uniforms in ``[0, 1)`` (float32).
+
+    Returns:
+        ``(...)`` int32 token ids; never a zero-weight token.
+    """
+    with mx.stream(mx.cpu):
+        c = mx.cumsum(probs, axis=-1)
+        thr = u.astype(probs.dtype)[..., None] * c[..., -1:]
+        tok = mx.sum((c <= thr).astype(mx.int32), axis=-1)
+        idx = mx.arange(probs.shape[-1], dtype=mx.int32)
+        last_pos = mx.max(mx.where(probs > 0, idx, 0), axis=-1)
+        return mx.minimum(tok, last_pos).astype(mx.int32)
+
+
+def verify_sample(
+    logits: mx.array,
+    beams: mx.array,
+    beam_node: mx.array,
+    accept_u: mx.array,
+    sample_u: mx.array,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Exact sampling: recursive rejection over the trie (see ``redrafter_ext.reference.verify_sample``).
+
+    At each node, starting from the root, the distinct children are tried in beam order; the j-th
+    child tried (token t) is accepted when ``accept_u[b, depth, j] * mass < p(t)`` in float64
+    (``mass``: sequential sum of the not yet rejected ``p``); on rejection ``p(t) = 0``. When every
+    child is rejected (or at depth L-1) the next token is drawn from the remaining ``p`` by inverse
+    CDF with ``sample_u[b]``. ``temperature == 0`` is ``verify_greedy`` exactly.
+
+    Args:
+        logits: ``(B, N', V)`` float target logits at each trie node, ``N' >= 1 + W*(L-1)``.
+        beams: ``(B, W, L)`` int draft beams.
+        beam_node: ``(B, W, L)`` int node of each beam position.
+        accept_u: ``(B, L-1, W)`` float32 uniforms in ``[0, 1)``.
+        sample_u: ``(B,)`` float32 uniform in ``[0, 1)``.
+        temperature: ``>= 0`` (0: greedy). top_k: ``>= 0`` (0: off). top_p: in ``(0, 1]`` (1: off).
+
+    Returns:
+        As ``verify_greedy``; ``best_beam`` is the lowest beam containing the accepted path. int32.
+    """
+    op = "verify_sample"
+    _check_verify(op, logits, beams, beam_node)
+    B, W, L = beams.shape
+    _check(op, "accept_u", accept_u, "B, L-1, W", (mx.float32,))
+    _check(op, "sample_u", sample_u, "B", (mx.float32,))
+    _check_shape(op, "accept_u", accept_u, (B, L - 1, W), "B, L-1, W")
+    _check_shape(op, "sample_u", sample_u, (B,), "B")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+        0.0 <= float(temperature) < float("inf")
+    ):
+        raise ValueError(f"{op}: temperature must be a finite float >= 0, got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"{op}: top_k must be an int >= 0 (0: no top-k), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"{op}: top_p must be a float in (0, 1] (1: no top-p), got {top_p!r}")
+    if float(temperature) == 0.0:
+        return verify_greedy(logits, beams, beam_node)
+
+    with mx.stream(mx.cpu):  # float64 below
+        p = sampling_probs(logits, float(temperature), int(top_k), float(top_p))  # [B, N', V]
+        Np, V = p.shape[1], p.shape[2]
+        bn = mx.clip(beam_node.astype(mx.int32), 0, Np - 1)
+        tok = mx.clip(beams.astype(mx.int32), 0, V - 1)
+        w_idx = mx.arange(W, dtype=mx.int32)
+        v_idx = mx.arange(V, dtype=mx.int32)
+        # first[b, w, d]: beam w is the lowest beam through its node at depth d+1 (a distinct child)
+        if L > 1:
+            same = bn[:, :, None, 1:] == bn[:, None, :, 1:]  # [B, W(w), W(v), L-1]
+            lower = (w_idx[None, :] < w_idx[:, None])[None, :, :, None]
+            first = ~mx.any(same & lower, axis=2)  # [B, W, L-1]
+
+        def row_of(node: mx.array) -> mx.array:  # p[b, node[b]] -> [B, V]
+            return mx.take_along_axis(p, mx.broadcast_to(node[:, None, None], (B, 1, V)), axis=1)[:, 0]
+
+        cur = bn[:, 0, 0]
+        alive = mx.ones((B,), dtype=mx.bool_)
+        accept_len = mx.zeros((B,), dtype=mx.int32)
+        resid = mx.zeros((B, V), dtype=mx.float64)
+        for d in range(L - 1):
+            q = row_of(cur)
+            accepted = mx.zeros((B,), dtype=mx.bool_)
+            child = cur
+            rank = mx.zeros((B,), dtype=mx.int32)
+            for w in range(W):
+                cand = alive & ~accepted & first[:, w, d] & (bn[:, w, d] == cur)
+                t = tok[:, w, d + 1]
+                pt = mx.take_along_axis(q, t[:, None], axis=1)[:, 0]
+                mass = mx.cumsum(q, axis=-1)[:, -1]
+                u = mx.take_along_axis(accept_u[:, d, :], mx.minimum(rank, W - 1)[:, None], axis=1)[:, 0]
+                acc = cand & (u.astype(mx.float64) * mass < pt)
+                rej = cand & ~acc
+                q = mx.where(rej[:, None] & (v_idx[None, :] == t[:, None]), 0.0, q)
+                accepted = accepted | acc
+                child = mx.where(acc, bn[:, w, d + 1], child)
+                rank = rank + cand.astype(mx.int32)
+            stop = alive & ~accepted
+            resid = mx.where(stop[:, None], q, resid)
+            accept_len = accept_len + (alive & accepted).astype(mx.int32)
+            cur = mx.where(alive & accepted, child, cur)
+            alive = alive & accepted
+        resid = mx.where(alive[:, None], row_of(cur), resid)
+        next_token = sample_inverse_cdf(resid, sample_u)
+        # the lowest beam through the last accepted node (a trie node fixes its whole prefix)
+        at_last = _gather(bn, mx.broadcast_to(accept_len[:, None, None], (B, W, 1)), 2)[:, :, 0] == cur[:, None]
+        best = mx.min(mx.where(at_last, w_idx[None, :], W), axis=1).astype(mx.int32)
+        path = _gather(bn, best[:, None, None], 1).reshape(B, L)
+        i = mx.arange(L, dtype=mx.int32)
+        path_nodes = mx.where(i[None, :] <= accept_len[:, None], path, -1)
+        return accept_len, best, path_nodes, next_token
+
+
+def kv_compact(
+    kv: mx.array, cache_len: mx.array, path_nodes: mx.array, accept_len: mx.array
+) -> tuple[mx.array, mx.array]:
+    """Keep only the accepted path's K/V and advance ``cache_len``; functional: returns ``(kv, cache_len)``.
+
+    For each row b and ``i = 0..accept_len[b]``, slot ``cache_len[b] + path_nodes[b, i]`` moves to
+    slot ``cache_len[b] + i`` in every layer, K and V; then ``cache_len[b] += accept_len[b] + 1``.
+    ``accept_len[b] == -1`` marks an inactive row: nothing moves or advances.
+
+    Args:
+        kv: ``(n_layers, 2, B, H_kv, S, D)`` float cache.
+        cache_len: ``(B,)`` int32 tokens already committed per row.
+        path_nodes: ``(B, L)`` int accepted path (-1 past it), ``path_nodes[b, i] >= i``.
+        accept_len: ``(B,)`` int in ``[-1, L-1]``.
+
+    Returns:
+        ``(kv, cache_len)``: the new cache (same shape and dtype) and the new lengths (int32).
+    """
+    op = "kv_compact"
+    _check(op, "kv", kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
+    _check(op, "cache_len", cache_len, "B", (mx.int32,))
+    _check(op, "path_nodes", path_nodes, "B, L", INT_DTYPES)
+    _check(op, "accept_len", accept_len, "B", INT_DTYPES)
+    n_layers, two, B, H, S, D = kv.shape
+    if two != 2:
+        raise ValueError(f"{op}: kv dim 1 must be 2 (K and V), got shape {tuple(kv.shape)}")
+    _check_shape(op, "cache_len", cache_len, (B,), "B")
+    _check_shape(op, "accept_len", accept_len, (B,), "B")
+    if path_nodes.shape[0] != B:
+        raise ValueError(f"{op}: path_nodes must have shape (B, L) with B={B}, got {tuple(path_nodes.shape)}")
+    L = path_nodes.shape[1]
+    if L < 1 or L > S:
+        raise ValueError(f"{op}: path_nodes length L={L} must be in [1, S={S}]")
+    i = mx.arange(L, dtype=mx.int32)
+    acc = accept_len.astype(mx.int32)
+    base = cache_len
+    path = path_nodes.astype(mx.int32)
+    # rewrite a window of L distinct slots per row (shifted inside the cache near its end), so the
+    # scatter has no duplicate destinations; slots outside the accepted range are rewritten as is
+    start = mx.clip(base, 0, S - L)
+    slot = start[:, None] + i[None, :]  # [B, L]
+    rel = slot - base[:, None]
+    take = (rel >= 0) & (rel <= acc[:, None])
+    src = mx.where(take, base[:, None] + _gather(path, rel, 1), slot)
+    src = mx.clip(src, 0, S - 1)
+    shape = (n_layers, two, B, H, L, D)
+    moved = mx.take_along_axis(kv, mx.broadcast_to(src[None, None, :, None, :, None], shape), axis=4)
+    kv = mx.put_along_axis(kv, mx.broadcast_to(slot[None, None, :, None, :, None], shape), moved, axis=4)
+    return kv, cache_len + (acc + 1).astype(mx.int32)

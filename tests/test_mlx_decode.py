@@ -1,0 +1,285 @@
+"""The MLX decode loop: models against their torch twins, greedy equality with plain decoding (and
+with the torch backend) on the shipped model, EOS and mixed prompt lengths, sampling, no host reads."""
+
+from __future__ import annotations
+
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from helpers import random_drafter, random_target  # noqa: E402
+
+import redrafter_ext as rx  # noqa: E402
+import redrafter_ext.mlx as rxm  # noqa: E402
+from redrafter_ext.demo import CHECKPOINTS, load_prompt_ids  # noqa: E402
+from redrafter_ext.mlx import reference as mref  # noqa: E402
+
+SHIPPED_NEW_TOKENS = 24
+
+
+def to_np(a) -> np.ndarray:
+    return np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)
+
+
+# ------------------------------------------------------------------------------------------------
+# models
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A small random torch target + drafter and their MLX twins (loaded from saved checkpoints)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    target = random_target(vocab=97, hidden=64, layers=2, seed=3)
+    drafter = random_drafter(target, seed=1, layers=1)
+    target.save_pretrained(folder / "target")
+    drafter.save_pretrained(folder / "drafter")
+    mt = rxm.LlamaTarget.from_pretrained(folder / "target")
+    md = rxm.Drafter.from_pretrained(folder / "drafter", dtype=mx.float32)
+    return target, drafter, mt, md
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from tokenizers import Tokenizer
+
+    tt = rx.LlamaTarget.from_pretrained(CHECKPOINTS / "target", dtype=torch.float32)
+    td = rx.Drafter.from_pretrained(CHECKPOINTS / "drafter")
+    mt = rxm.LlamaTarget.from_pretrained(CHECKPOINTS / "target")
+    md = rxm.Drafter.from_pretrained(CHECKPOINTS / "drafter")
+    tok = Tokenizer.from_file(str(CHECKPOINTS / "target" / "tokenizer.json"))
+    prompts = load_prompt_ids(tok, 3, 160, tt.vocab_size)  # held-out files, different lengths
+    return tt, td, mt, md, prompts
+
+
+def test_tree_forward_matches_torch(tiny):
+    target, _, mt, _ = tiny
+    g = torch.Generator().manual_seed(0)
+    B, P, W, L, S = 3, 6, 3, 3, 24
+    V = target.vocab_size
+    prompts = torch.randint(0, V, (B, P), generator=g)
+    lengths = torch.tensor([6, 3, 5], dtype=torch.int32)
+    kv = target.new_kv_cache(B, S)
+    with torch.no_grad():
+        want_l, want_h = target.prefill(prompts, lengths, kv)
+    mkv = mt.new_kv_cache(B, S)
+    got_l, got_h, mkv = mt.prefill(mx.array(prompts.numpy()), mx.array(lengths.numpy()), mkv)
+    np.testing.assert_allclose(to_np(got_l), want_l.numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(to_np(got_h), want_h.numpy(), atol=1e-4, rtol=1e-4)
+
+    beams = torch.randint(0, 3, (B, W, L), generator=g)
+    beams[:, :, 0] = beams[:, :1, 0]
+    tok, par, dep, _, nn = rx.reference.build_trie(beams)
+    mask = rx.reference.tree_mask(par, nn)
+    pos = lengths[:, None] + dep
+    with torch.no_grad():
+        want_l, want_h = target(tok, pos, mask, lengths, kv)
+    got_l, got_h, mkv = mt(mx.array(tok.numpy()), mx.array(pos.numpy()), mx.array(mask.numpy()),
+                           mx.array(lengths.numpy()), mkv)
+    np.testing.assert_allclose(to_np(got_l), want_l.numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(to_np(got_h), want_h.numpy(), atol=1e-4, rtol=1e-4)
+    # the caches agree on every slot either side wrote (prompt + tree; the rest is zero on both)
+    np.testing.assert_allclose(to_np(mkv), kv.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_shipped_drafter_beams_match_torch(shipped):
+    tt, _, mt, _, _ = shipped
+    td = rx.Drafter.from_pretrained(CHECKPOINTS / "drafter", dtype=torch.float32)
+    md = rxm.Drafter.from_pretrained(CHECKPOINTS / "drafter", dtype=mx.float32)
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, tt.hidden_size, generator=g)
+    token = torch.tensor([5, 17, 300])
+    for W, L in [(4, 4), (1, 5), (3, 1)]:
+        want = td.beam_search(hidden, token, tt.embed_weight, W, L, rx.reference)
+        got = md.beam_search(mx.array(hidden.numpy()), mx.array(token.numpy()), mt.embed_weight, W, L, mref)
+        assert np.array_equal(np.array(got), want.numpy()), (W, L)
+
+
+# ------------------------------------------------------------------------------------------------
+# greedy equality
+
+
+@pytest.mark.parametrize("B,W,L", [(1, 2, 4), (3, 2, 3)])
+def test_shipped_greedy_equals_ar_and_torch(shipped, B, W, L):
+    tt, td, mt, md, prompts = shipped
+    prompts = prompts[:B]
+    eos = tt.config.eos_token_id
+    n = SHIPPED_NEW_TOKENS
+    got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L, eos_id=eos)
+    ar = rxm.autoregressive_generate(mt, prompts, n, eos_id=eos)
+    torch_out = rx.generate(tt, td, prompts, n, beam_width=W, beam_length=L, eos_id=eos, ops=rx.reference)
+    assert got.tokens == ar.tokens
+    assert got.tokens == torch_out.tokens
+    assert all(len(t) == n for t in got.tokens)
+    assert got.tokens_per_step > 1.2  # the trained drafter is accepted well beyond chance
+
+
+def test_eos_and_mixed_prompt_lengths(tiny):
+    target, drafter, mt, md = tiny
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15], [40, 41]]
+    n = 20
+    free = rxm.autoregressive_generate(mt, prompts, n)
+    eos = free.tokens[1][6]  # a token row 1 emits mid-way: that row (and maybe others) stops there
+    ar = rxm.autoregressive_generate(mt, prompts, n, eos_id=eos)
+    assert len(ar.tokens[1]) <= 7 and ar.tokens[1][-1] == eos
+    for W, L in [(2, 3), (3, 4), (1, 1)]:
+        got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L, eos_id=eos, check_every=3)
+        assert got.tokens == ar.tokens, (W, L)
+        want = rx.generate(target, drafter, prompts, n, beam_width=W, beam_length=L, eos_id=eos, ops=rx.reference)
+        assert got.tokens == want.tokens, (W, L)
+    assert rxm.generate(mt, md, prompts, 0).tokens == [[], [], []]
+
+
+# ------------------------------------------------------------------------------------------------
+# sampling
+
+
+def test_low_temperature_is_greedy(tiny):
+    _, _, mt, md = tiny
+    prompts = [[1, 2, 3], [50, 60, 70, 80]]
+    greedy = rxm.autoregressive_generate(mt, prompts, 16)
+    # a vanishing temperature, or top-k / top-p that keep only the argmax, are greedy decoding
+    for kw in ({"temperature": 1e-4}, {"temperature": 1e-4, "top_k": 3, "top_p": 0.5},
+               {"temperature": 1.0, "top_k": 1}, {"temperature": 2.0, "top_p": 1e-9}):
+        assert rxm.generate(mt, md, prompts, 16, beam_width=2, beam_length=3, seed=5, **kw).tokens == greedy.tokens
+        assert rxm.autoregressive_generate(mt, prompts, 16, seed=5, **kw).tokens == greedy.tokens
+
+
+def test_sampling_reproducible_with_a_seed(tiny):
+    _, _, mt, md = tiny
+    prompts = [[1, 2, 3], [50, 60, 70, 80]]
+    kw = dict(beam_width=2, beam_length=3, temperature=1.0, top_k=20)
+    a = rxm.generate(mt, md, prompts, 16, seed=7, **kw)
+    b = rxm.generate(mt, md, prompts, 16, seed=7, **kw)
+    assert a.tokens == b.tokens
+    others = [rxm.generate(mt, md, prompts, 16, seed=s, **kw).tokens for s in (8, 9)]
+    assert any(o != a.tokens for o in others)  # the seed matters
+    c = rxm.autoregressive_generate(mt, prompts, 16, seed=7, temperature=1.0, top_k=20)
+    assert c.tokens == rxm.autoregressive_generate(mt, prompts, 16, seed=7, temperature=1.0, top_k=20).tokens
+    with pytest.raises(ValueError, match="temperature"):
+        rxm.generate(mt, md, prompts, 4, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        rxm.generate(mt, md, prompts, 4, temperature=1.0, top_p=0.0)
+
+
+def test_decode_step_with_explicit_uniforms_matches_verify_sample(tiny):
+    _, _, mt, md = tiny
+    state = rxm.decode._start(mt, [[1, 2, 3], [4, 5]], 8, 7, None, None, None, 0)
+    sampling = rxm.SamplingParams(0.8, 0, 0.9)
+    u = (mx.random.uniform(shape=(2, 2, 3), key=mx.random.key(1)), mx.random.uniform(shape=(2,), key=mx.random.key(2)))
+    a, na = rxm.decode_step(mt, md, state, beam_width=3, beam_length=3, ops=mref, sampling=sampling, uniforms=u)
+    b, nb = rxm.decode_step(mt, md, state, beam_width=3, beam_length=3, ops=mref, sampling=sampling, uniforms=u)
+    assert np.array_equal(np.array(a.out), np.array(b.out)) and np.array_equal(np.array(na), np.array(nb))
+    with pytest.raises(ValueError, match="uniforms"):
+        rxm.decode_step(mt, md, state, beam_width=3, beam_length=3, ops=mref, uniforms=u)
+
+
+# ------------------------------------------------------------------------------------------------
+# no host reads inside decode_step
+
+
+HOST_READS = ("item", "tolist", "__array__", "__bool__", "__int__", "__float__", "__index__")
+
+
+@pytest.fixture
+def forbid_host_reads(monkeypatch):
+    """Make every Python-level way of reading an mx.array's values raise. numpy reaches the data
+    through the C buffer protocol, which cannot be patched: np.array/np.asarray are wrapped instead."""
+
+    def arm():
+        for name in HOST_READS:
+            def boom(self, *a, _name=name, **k):
+                raise RuntimeError(f"host read: mx.array.{_name}")
+
+            monkeypatch.setattr(mx.array, name, boom)
+        for name in ("array", "asarray"):
+            orig = getattr(np, name)
+
+            def guarded(obj, *a, _orig=orig, _name=name, **k):
+                if isinstance(obj, mx.array):
+                    raise RuntimeError(f"host read: np.{_name}(mx.array)")
+                return _orig(obj, *a, **k)
+
+            monkeypatch.setattr(np, name, guarded)
+
+    return arm
+
+
+# the reference ops, and the native ones when their extension is built
+OPS = [mref] + [m for m in [rxm.native_ops()] if m is not None]
+
+
+@pytest.mark.parametrize("ops", OPS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize("sampling", [None, rxm.SamplingParams(1.0, 5, 0.9)])
+def test_decode_step_does_no_host_reads(tiny, forbid_host_reads, monkeypatch, sampling, ops):
+    _, _, mt, md = tiny
+    state = rxm.decode._start(mt, [[1, 2, 3], [4, 5, 6, 7, 8]], 8, 7, 3, None, sampling, 0)
+    forbid_host_reads()
+    # negative control: the guard catches a host read
+    with pytest.raises(RuntimeError, match="host read"):
+        rxm.decode._all_done(state)
+    with pytest.raises(RuntimeError, match="host read"):
+        np.asarray(mx.array([1, 2]))
+    for _ in range(2):
+        state, n = rxm.decode_step(mt, md, state, beam_width=3, beam_length=3, ops=ops, sampling=sampling)
+        mx.eval(state.arrays(), n)  # evaluation computes on the device; it reads nothing back
+    monkeypatch.undo()
+    assert 2 <= min(state.num_out.tolist()) <= 6
+
+
+def test_default_ops_fall_back_to_reference():
+    # importing redrafter_ext.mlx never needs the native extension; without it the reference runs
+    native = rxm.native_ops()
+    assert rxm.default_ops() is (native or mref)
+    for name in ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact"):
+        assert callable(getattr(rxm.default_ops(), name))
+
+
+def _biased_ops():
+    """Negative control: verify_sample with halved acceptance uniforms (accepts drafts too often)."""
+    from types import SimpleNamespace
+
+    ops = SimpleNamespace(**{n: getattr(mref, n) for n in rxm.decode.OP_NAMES})
+    ops.verify_sample = lambda lg, b, bn, au, su, *a: mref.verify_sample(lg, b, bn, au * 0.5, su, *a)
+    return ops
+
+
+@pytest.mark.parametrize("method", ["redrafter", "autoregressive", "biased"])
+def test_generate_first_tokens_follow_target(method, tmp_path):
+    # end to end: many rows of one prompt; the first 3 generated tokens (the prefill sample, then
+    # one or two speculative steps) against the target's enumerated joint distribution
+    import test_sampling as ts  # tests/ is on sys.path (conftest.py)
+
+    Vs, B, n, temperature, top_k, top_p = 11, 6_000, 3, 1.0, 8, 0.95
+    tgt = random_target(vocab=Vs, hidden=32, layers=1, seed=3)
+    tgt.save_pretrained(tmp_path / "t")
+    random_drafter(tgt).save_pretrained(tmp_path / "d")
+    mt = rxm.LlamaTarget.from_pretrained(tmp_path / "t")
+    md = rxm.Drafter.from_pretrained(tmp_path / "d", dtype=mx.float32)
+    prompt = [1, 4, 2, 7]
+    with torch.no_grad():
+        truth = torch.ones(1, dtype=torch.float64)
+        seqs = torch.zeros(1, 0, dtype=torch.int64)
+        for _ in range(n):
+            toks = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
+            kv = tgt.new_kv_cache(len(seqs), toks.shape[1])
+            logits, _ = tgt.prefill(toks, torch.full((len(seqs),), toks.shape[1], dtype=torch.int32), kv)
+            p = rx.reference.sampling_probs(logits, temperature, top_k, top_p)
+            truth = (truth[:, None] * p).reshape(-1)
+            seqs = torch.cat([seqs.repeat_interleave(Vs, 0), torch.arange(Vs).repeat(len(seqs))[:, None]], dim=1)
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
+    if method in ("redrafter", "biased"):
+        ops = mref if method == "redrafter" else _biased_ops()
+        out = rxm.generate(mt, md, [prompt] * B, n, beam_width=3, beam_length=3, ops=ops, **kw)
+        assert out.tokens_per_step > 1.05  # speculation really commits several tokens per step
+    else:
+        out = rxm.autoregressive_generate(mt, [prompt] * B, n, **kw)
+    x = torch.tensor(out.tokens)
+    code = (x[:, 0] * Vs + x[:, 1]) * Vs + x[:, 2]
+    stat, dof, pval = ts.chi_square(torch.bincount(code, minlength=Vs**n).double(), truth * B)
+    print(f"{method}: chi2={stat:.1f} dof={dof} p={pval:.3g} tokens/step={out.tokens_per_step:.2f}")
+    if method == "biased":
+        assert pval < 1e-6  # the test has the power to see a wrong acceptance rule
+    else:
+        assert pval > 0.01
