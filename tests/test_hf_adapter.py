@@ -100,6 +100,38 @@ def test_tree_forward_matches_llama_target_and_writes_in_place(models, B, T):
         assert not torch.equal(kv_hf[:, :, b, :, c : c + T], kv0[:, :, b, :, c : c + T])
 
 
+@pytest.mark.parametrize("T,force_gqa,copies", [(7, False, 2), (7, True, 0), (1, False, 0)])
+def test_documented_kv_materialisation(models, monkeypatch, T, force_gqa, copies):
+    """The K/V copy docs/integration.md names: repeat_kv of K and V per layer for a tree (T > 1)
+    with grouped heads, none with TRANSFORMERS_SDPA_FORCE_GQA=1 or at T = 1; same results."""
+    from transformers.integrations import sdpa_attention
+
+    hft, ours, _, _ = models
+    assert hft.config.num_attention_heads > hft.config.num_key_value_heads  # grouped heads: the copying case
+    calls = []
+    real = sdpa_attention.repeat_kv
+
+    def counting(x, n_rep):
+        out = real(x, n_rep)
+        calls.append(out.data_ptr() != x.data_ptr())
+        return out
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", counting)
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "1" if force_gqa else "0")
+    g = torch.Generator().manual_seed(T)
+    B, S = 2, 24
+    tree, parent = random_tree(B, T, g)
+    cache_len = torch.tensor([3, 11], dtype=torch.int32)
+    tokens = torch.randint(0, hft.vocab_size, (B, T), generator=g)
+    pos = cache_len[:, None] + torch.arange(T)  # positions need not be depths for this check
+    kv0 = torch.randn(hft.new_kv_cache(B, S).shape, generator=g)
+    kv_hf, kv_ours = kv0.clone(), kv0.clone()
+    lh, _ = hft(tokens, pos, tree, cache_len, kv_hf)
+    lo, _ = ours(tokens, pos, tree, cache_len, kv_ours)
+    torch.testing.assert_close(lh, lo, atol=2e-4, rtol=2e-4)
+    assert sum(calls) == copies * hft.config.num_hidden_layers
+
+
 def test_cache_views_alias_the_caller_tensor(models):
     hft = models[0]
     kv = hft.new_kv_cache(2, 12)
