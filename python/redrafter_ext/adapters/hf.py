@@ -21,8 +21,8 @@ n layers, Hq query heads, Hkv KV heads, head dim D; measured by ``tests/test_hf_
     mask in the model dtype (shared by all layers);
   * tree write, per layer: ``scatter_`` of ``2 * B * Hkv * T * D`` elements into ``kv`` (the
     write the protocol requires, not a copy of the cache);
-  * K/V materialisation, per layer: HF's SDPA path cannot combine an explicit mask with GQA, so
-    when ``Hq > Hkv`` and ``T > 1`` it expands K and V with ``repeat_kv`` into two new
+  * K/V materialisation, per layer: HF's SDPA integration asks SDPA for GQA only when there is no
+    mask, so when ``Hq > Hkv`` and ``T > 1`` it expands K and V with ``repeat_kv`` into two new
     ``(B, Hq, S, D)`` tensors (``2 * B * Hq * S * D`` elements per layer, the dominant extra
     cost). At ``T = 1`` (plain AR steps) HF packs the query heads instead and copies nothing.
     Setting ``TRANSFORMERS_SDPA_FORCE_GQA=1`` makes HF pass ``enable_gqa`` to SDPA and removes
