@@ -1,0 +1,1 @@
+"""MLX backend of redrafter_ext (placeholder init: replaced at merge)."""
