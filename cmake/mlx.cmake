@@ -62,7 +62,28 @@ if(APPLE AND MLX_BUILD_METAL)
   endif()
 endif()
 
-nanobind_add_module(_ext NB_DOMAIN mlx STABLE_ABI NB_STATIC NOMINSIZE ${REDRAFTER_MLX_SOURCES})
+# nanobind shares types (mlx.core.array, Stream) only between modules of one ABI: a stable-ABI
+# (abi3) build and a version-specific one keep separate type registries. So follow mlx.core: abi3
+# when its module is (nanobind's STABLE_ABI needs Python >= 3.12), version-specific otherwise.
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" -c "import mlx.core; print(mlx.core.__file__)"
+  OUTPUT_VARIABLE _mlx_core RESULT_VARIABLE _mlx_core_rc ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(_mlx_core MATCHES "\\.abi3\\.")
+  set(_mlx_abi STABLE_ABI)
+else()
+  set(_mlx_abi "")
+  if(NOT "${SKBUILD_SABI_VERSION}" STREQUAL "")
+    message(WARNING "redrafter_ext: mlx.core (${_mlx_core}) is not an abi3 module, so _ext is built for "
+                    "Python ${Python_VERSION} only, inside a wheel tagged abi3 for the torch module "
+                    "(wheel.py-api): on another Python `redrafter_ext.mlx` will not import")
+  endif()
+endif()
+# nanobind refuses any linked-mode build while scikit-build-core asks for an abi3 wheel below
+# cp312 (the torch module's tag); the MLX module's ABI is decided above, so hide the request here.
+set(_sabi_saved "${SKBUILD_SABI_VERSION}")
+set(SKBUILD_SABI_VERSION "")
+nanobind_add_module(_ext NB_DOMAIN mlx ${_mlx_abi} NB_STATIC NOMINSIZE ${REDRAFTER_MLX_SOURCES})
+set(SKBUILD_SABI_VERSION "${_sabi_saved}")
 # csrc for "cpu/..." and "metal/..."; no csrc/mlx header is named like an MLX "mlx/*.h" header
 target_include_directories(_ext PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/csrc)
 target_link_libraries(_ext PRIVATE mlx)
@@ -83,6 +104,8 @@ install(TARGETS _ext LIBRARY DESTINATION redrafter_ext/mlx)
 
 if(REDRAFTER_MLX_METAL)
   target_compile_definitions(_ext PRIVATE REDRAFTER_MLX_METAL=1)
+  # MLX_INCLUDE_DIRS adds metal-cpp and MLX's Metal kernel headers for dispatch.cpp
+  target_include_directories(_ext PRIVATE ${MLX_INCLUDE_DIRS})
   # mlx_build_metallib (MLX's extension.cmake): xcrun metal per source, then link the .metallib
   mlx_build_metallib(
     TARGET redrafter_ext_mlx_metallib
