@@ -349,6 +349,33 @@ def test_kv_compact_invalid_rows_are_left_untouched():
     assert_same(got, [exp_kv, exp_len])
 
 
+def test_sliced_inputs_and_empty_batch():
+    # evaluated row-contiguous views at an offset into a larger buffer are read in place
+    logits, beams, beam_node = trie_case(4, 3, 4, 25, torch.float16, seed=14)
+    big = to_mx(torch.cat([logits, logits]))
+    mx.eval(big)
+    got = ops.verify_greedy(big[5:], to_mx(beams)[1:], to_mx(beam_node)[1:])
+    assert_same(got, ref.verify_greedy(logits[1:], beams[1:], beam_node[1:]))
+    kv_t, len_t, path_t, acc_t = kv_inputs(3, 2, 2, 9, 3, 3, torch.float32, seed=15)
+    kv_all = to_mx(kv_t)
+    mx.eval(kv_all)
+    got = ops.kv_compact(kv_all[1:], to_mx(len_t), to_mx(path_t), to_mx(acc_t))  # shares kv_all: copied
+    assert_same(got, ref_kv(kv_t[1:], len_t, path_t, acc_t))
+    assert_same([kv_all], [kv_t])
+    # B = 0
+    i32 = mx.int32
+    outs = [
+        *ops.beam_topk(mx.zeros((0, 2, 5)), mx.zeros((0, 2)), mx.zeros((0, 2, 3), i32), mx.zeros((0, 2, 4)), 1),
+        *ops.build_trie(mx.zeros((0, 2, 3), i32)),
+        ops.tree_mask(mx.zeros((0, 5), i32), mx.zeros((0,), i32)),
+        *ops.verify_sample(mx.zeros((0, 5, 7)), mx.zeros((0, 2, 3), i32), mx.zeros((0, 2, 3), i32),
+                           mx.zeros((0, 2, 2)), mx.zeros((0,)), 1.0),
+        *ops.kv_compact(mx.zeros((2, 2, 0, 3, 8, 4)), mx.zeros((0,), i32), mx.zeros((0, 3), i32), mx.zeros((0,), i32)),
+    ]
+    mx.eval(*outs)
+    assert all(o.size == 0 for o in outs)
+
+
 # ------------------------------------------------------------------------------------------------
 # laziness and transformations
 

@@ -34,6 +34,21 @@ __all__ = ["beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_samp
 #: whether this build has the Metal (GPU) kernels; without them, ops on a GPU stream raise at eval
 HAS_METAL: bool = bool(_ext.has_metal)
 
+
+def _check_abi() -> None:
+    # nanobind converts mlx.core.array only when _ext shares mlx.core's nanobind ABI; otherwise every
+    # call fails with a puzzling "incompatible function arguments". Building one node evaluates nothing.
+    try:
+        _ext.tree_mask(mx.zeros((1, 1), dtype=mx.int32), mx.zeros((1,), dtype=mx.int32))
+    except TypeError as e:
+        raise ImportError(
+            "redrafter_ext.mlx._ext cannot exchange arrays with mlx.core: it was built with a nanobind "
+            f"whose ABI differs from mlx {mx.__version__}'s (rebuild with the nanobind version mlx uses): {e}"
+        ) from e
+
+
+_check_abi()
+
 INT_DTYPES = (mx.int32, mx.int64)
 FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
