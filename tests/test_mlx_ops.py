@@ -403,6 +403,21 @@ def test_ops_compose_lazily_under_compile():
     assert_same(compiled[5:], ref_kv(kv_t, len_t, path, acc.clamp(max=3)))
 
 
+def test_shapeless_compile():
+    """output_shapes lets one shapeless compiled graph serve several (B, W, L)."""
+
+    def f(beams, logits):
+        _, parent, _, beam_node, n = ops.build_trie(beams)
+        return (ops.tree_mask(parent, n, packed=True), *ops.verify_greedy(logits, beams, beam_node))
+
+    cf = mx.compile(f, shapeless=True)
+    for B, W, L in [(1, 2, 3), (3, 4, 5), (2, 2, 3)]:
+        logits, beams, beam_node = trie_case(B, W, L, 11, torch.float32, seed=B + W + L)
+        got = cf(to_mx(beams).astype(mx.int32), to_mx(logits))
+        exp_mask = ref.tree_mask(ref.build_trie(beams)[1], ref.build_trie(beams)[4], True)
+        assert_same(got, [exp_mask, *ref.verify_greedy(logits, beams, beam_node)], f"B={B} W={W} L={L}")
+
+
 def test_transforms_are_not_supported():
     beams = to_mx(torch.randint(0, 3, (2, 3, 4), generator=gen(1)))
     with pytest.raises(ValueError, match="vmap"):
