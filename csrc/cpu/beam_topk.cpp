@@ -218,8 +218,8 @@ void beam_topk_merge(const float* cand_score, const int32_t* cand_token, const i
   template void beam_topk_rows<T>(const T*, const float*, int64_t, int64_t, float*, int32_t*, int32_t*, \
                                   int64_t, int64_t);
 RD_ROWS(float)
-RD_ROWS(c10::Half)
-RD_ROWS(c10::BFloat16)
+RD_ROWS(Half)
+RD_ROWS(BFloat16)
 #undef RD_ROWS
 #define RD_MERGE(I)                                                                                       \
   template void beam_topk_merge<I>(const float*, const int32_t*, const int32_t*, const I*, const uint8_t*, \

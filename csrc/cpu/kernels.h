@@ -14,10 +14,10 @@ template <typename I>
 void tree_mask_packed(const I* node_parent, const I* num_nodes, int64_t N, int32_t* words,
                       int64_t row_begin, int64_t row_end);
 
-// beam_topk, phase 1. Rows r = b*W + w of logits [B*W, V] (T = float, c10::Half, c10::BFloat16),
-// scores [B*W]. Writes each row's min(W, V) best candidates, sorted by (value desc, index asc), to
-// cand_score/cand_token [B*W, beam_topk_stride(W)] (the slots past W are working space) and the
-// count to cand_count.
+// beam_topk, phase 1. Rows r = b*W + w of logits [B*W, V] (T = float or cpu/types.h's Half,
+// BFloat16), scores [B*W]. Writes each row's min(W, V) best candidates, sorted by (value desc,
+// index asc), to cand_score/cand_token [B*W, beam_topk_stride(W)] (the slots past W are working
+// space) and the count to cand_count.
 inline int64_t beam_topk_stride(int64_t W) { return W + 8; }
 template <typename T>
 void beam_topk_rows(const T* logits, const float* scores, int64_t W, int64_t V, float* cand_score,

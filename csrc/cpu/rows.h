@@ -1,12 +1,10 @@
-// Reading one row of logits as float blocks, whatever its storage dtype (float, c10::Half,
-// c10::BFloat16), and the candidate order shared by beam_topk's two phases.
+// Reading one row of logits as float blocks, whatever its storage dtype (float, Half, BFloat16 of
+// cpu/types.h), and the candidate order shared by beam_topk's two phases.
 #pragma once
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
 #include <cmath>
 #include <cstdint>
 
+#include "cpu/types.h"
 #include "cpu/vec.h"
 
 namespace redrafter::cpu::detail {
@@ -14,11 +12,11 @@ namespace redrafter::cpu::detail {
 // Values [off, off + n) of `row` as floats: a pointer into the row itself for float, else
 // converted into `buf` (n <= vec::kBlock). Conversion to float is exact for both 16-bit types.
 inline const float* load_block(const float* row, int64_t off, int64_t n, float* buf) { return row + off; }
-inline const float* load_block(const c10::Half* row, int64_t off, int64_t n, float* buf) {
+inline const float* load_block(const Half* row, int64_t off, int64_t n, float* buf) {
   vec::half_to_float(reinterpret_cast<const uint16_t*>(row + off), buf, n);
   return buf;
 }
-inline const float* load_block(const c10::BFloat16* row, int64_t off, int64_t n, float* buf) {
+inline const float* load_block(const BFloat16* row, int64_t off, int64_t n, float* buf) {
   vec::bfloat16_to_float(reinterpret_cast<const uint16_t*>(row + off), buf, n);
   return buf;
 }

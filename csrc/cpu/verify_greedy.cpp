@@ -80,10 +80,10 @@ void verify_greedy(const T* logits, int64_t n_logit_rows, int64_t V, const I* be
                                     int32_t*, int32_t*, int32_t*, int32_t*, int32_t*, int64_t, int64_t);
 RD_VERIFY(float, int32_t)
 RD_VERIFY(float, int64_t)
-RD_VERIFY(c10::Half, int32_t)
-RD_VERIFY(c10::Half, int64_t)
-RD_VERIFY(c10::BFloat16, int32_t)
-RD_VERIFY(c10::BFloat16, int64_t)
+RD_VERIFY(Half, int32_t)
+RD_VERIFY(Half, int64_t)
+RD_VERIFY(BFloat16, int32_t)
+RD_VERIFY(BFloat16, int64_t)
 #undef RD_VERIFY
 
 }  // namespace redrafter::cpu

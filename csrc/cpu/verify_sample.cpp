@@ -140,10 +140,10 @@ void verify_sample(const T* logits, int64_t n_logit_rows, int64_t V, const I* be
                                     int64_t, int64_t);
 RD_VERIFY_SAMPLE(float, int32_t)
 RD_VERIFY_SAMPLE(float, int64_t)
-RD_VERIFY_SAMPLE(c10::Half, int32_t)
-RD_VERIFY_SAMPLE(c10::Half, int64_t)
-RD_VERIFY_SAMPLE(c10::BFloat16, int32_t)
-RD_VERIFY_SAMPLE(c10::BFloat16, int64_t)
+RD_VERIFY_SAMPLE(Half, int32_t)
+RD_VERIFY_SAMPLE(Half, int64_t)
+RD_VERIFY_SAMPLE(BFloat16, int32_t)
+RD_VERIFY_SAMPLE(BFloat16, int64_t)
 #undef RD_VERIFY_SAMPLE
 
 }  // namespace redrafter::cpu

@@ -1,0 +1,376 @@
+"""ReDrafter ops for MLX: native primitives (``redrafter_ext.mlx._ext``) with the reference's semantics.
+
+Same names, arguments and results as ``redrafter_ext.ops`` / ``redrafter_ext.reference``, on
+``mlx.core.array``. Each op adds one node to MLX's lazy graph (one ``Primitive``): nothing runs
+until the result is evaluated, so the ops compose with other MLX ops and ``mx.compile``. On the
+CPU stream the node runs the project's C++ CPU kernels (the torch extension's) as an asynchronous
+task; on the GPU stream (macOS) the Metal kernels. No autodiff (``grad``/``jvp``/``vjp``) or
+``vmap``: they raise.
+
+Checks: every wrapper checks types, ranks, shapes and dtypes here and raises ``TypeError`` /
+``ValueError`` naming the argument, before anything is built. Integer inputs may be int32 or int64;
+they are cast to int32 (values are then taken modulo 2^32, like a C cast), and integer outputs are
+int32. *Values* cannot be checked without evaluating the inputs (which would break laziness), so
+the kernels guard them instead: node ids and draft tokens are clamped into range, an invalid parent
+makes a node a root, and a ``kv_compact`` row with invalid lengths or path is left untouched. No
+value can make an op read or write out of bounds; the results for invalid values are unspecified
+(the torch ops raise on them instead).
+
+``kv_compact`` is functional (it returns the new ``kv`` and ``cache_len``) but works in place when
+MLX can donate the input buffers: write ``kv, cache_len = kv_compact(kv, cache_len, ...)`` and
+keep no other reference to the old arrays; otherwise it copies the cache first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+from . import _ext
+
+__all__ = ["beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact", "HAS_METAL"]
+
+#: whether this build has the Metal (GPU) kernels; without them, ops on a GPU stream raise at eval
+HAS_METAL: bool = bool(_ext.has_metal)
+
+
+def _check_abi() -> None:
+    # nanobind converts mlx.core.array only when _ext shares mlx.core's nanobind ABI; otherwise every
+    # call fails with a puzzling "incompatible function arguments". Building one node evaluates nothing.
+    try:
+        _ext.tree_mask(mx.zeros((1, 1), dtype=mx.int32), mx.zeros((1,), dtype=mx.int32))
+    except TypeError as e:
+        raise ImportError(
+            "redrafter_ext.mlx._ext cannot exchange arrays with mlx.core: it was built with a nanobind "
+            f"whose ABI differs from mlx {mx.__version__}'s (rebuild with the nanobind version mlx uses): {e}"
+        ) from e
+
+
+_check_abi()
+
+INT_DTYPES = (mx.int32, mx.int64)
+FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+Stream = mx.Stream | mx.Device | None
+
+
+def _dtype_name(t: mx.Dtype) -> str:
+    return str(t).replace("mlx.core.", "")
+
+
+def _check(op: str, name: str, a: object, dims: str, dtypes: Sequence[mx.Dtype] | None = None) -> mx.array:
+    """Type, rank (``len(dims.split(','))``) and dtype of one argument; ``dims`` names the axes."""
+    if not isinstance(a, mx.array):
+        raise TypeError(f"{op}: {name} must be an mlx.core.array of shape ({dims}), got {type(a).__name__}")
+    ndim = len([d for d in dims.split(",") if d.strip()])
+    if a.ndim != ndim:
+        raise ValueError(f"{op}: {name} must have {ndim} dims ({dims}), got shape {tuple(a.shape)}")
+    if dtypes is not None and a.dtype not in dtypes:
+        names = ", ".join(_dtype_name(d) for d in dtypes)
+        raise TypeError(f"{op}: {name} must have dtype in ({names}), got {_dtype_name(a.dtype)}")
+    return a
+
+
+def _check_shape(op: str, name: str, a: mx.array, expected: Sequence[int], dims: str) -> None:
+    if tuple(a.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name} must have shape ({dims}) = {tuple(expected)}, got {tuple(a.shape)}")
+
+
+def _i32(a: mx.array) -> mx.array:
+    return a if a.dtype == mx.int32 else a.astype(mx.int32)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def beam_topk(
+    logits: mx.array, scores: mx.array, tokens: mx.array, state: mx.array, step: int, *, stream: Stream = None
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """One fused beam-search step: log-softmax, running score, top-W over W*V, reorder by parent.
+
+    Parameters
+    ----------
+    logits : mx.array
+        ``(B, W, V)`` float32/float16/bfloat16 drafter logits of each beam.
+    scores : mx.array
+        ``(B, W)`` float32 running joint log-probabilities; ``[0, -inf, ...]`` at ``step == 1``.
+    tokens : mx.array
+        ``(B, W, L)`` int32/int64 token history (positions ``< step`` are used).
+    state : mx.array
+        ``(B, W, D)`` float32/float16/bfloat16 drafter state of each beam.
+    step : int
+        Position ``1 <= step < L`` written by this step.
+
+    Returns
+    -------
+    scores : float32 ``(B, W)``, sorted descending, ties to the lower flat index ``parent * V + token``.
+    tokens : int32 ``(B, W, L)``, the parent's row with position ``step`` set to the new token.
+    state : ``(B, W, D)``, dtype of ``state``, the parent's row.
+    parent : int32 ``(B, W)``.
+
+    Examples
+    --------
+    >>> logits = mx.array([[[0.0, 2.0, 1.0], [5.0, 0.0, 0.0]]])
+    >>> scores = mx.array([[0.0, float("-inf")]])
+    >>> tokens = mx.array([[[7, 0, 0], [7, 0, 0]]])
+    >>> s, t, st, p = beam_topk(logits, scores, tokens, mx.zeros((1, 2, 4)), step=1)
+    >>> t[0].tolist(), p[0].tolist()
+    ([[7, 1, 0], [7, 2, 0]], [0, 0])
+    """
+    op = "beam_topk"
+    _check(op, "logits", logits, "B, W, V", FLOAT_DTYPES)
+    B, W, V = logits.shape
+    _check(op, "scores", scores, "B, W", (mx.float32,))
+    _check(op, "tokens", tokens, "B, W, L", INT_DTYPES)
+    _check(op, "state", state, "B, W, D", FLOAT_DTYPES)
+    if W < 1 or V < 1:
+        raise ValueError(f"{op}: logits must have W >= 1 and V >= 1, got shape {tuple(logits.shape)}")
+    _check_shape(op, "scores", scores, (B, W), "B, W")
+    if tuple(tokens.shape[:2]) != (B, W):
+        raise ValueError(f"{op}: tokens must have shape (B, W, L) with B={B}, W={W}, got {tuple(tokens.shape)}")
+    if tuple(state.shape[:2]) != (B, W):
+        raise ValueError(f"{op}: state must have shape (B, W, D) with B={B}, W={W}, got {tuple(state.shape)}")
+    if not _is_int(step) or not 1 <= step < tokens.shape[2]:
+        raise ValueError(f"{op}: step must be an int in [1, L) with L={tokens.shape[2]}, got {step!r}")
+    return tuple(_ext.beam_topk(logits, scores, _i32(tokens), state, step, stream=stream))
+
+
+def build_trie(beams: mx.array, *, stream: Stream = None) -> tuple[mx.array, ...]:
+    """Merge the beams' shared prefixes into a trie (node order: first occurrence, beam-major).
+
+    Parameters
+    ----------
+    beams : mx.array
+        ``(B, W, L)`` int32/int64 token ids; position 0 is the guaranteed token (the root).
+
+    Returns
+    -------
+    node_token, node_parent, node_depth : int32 ``(B, N)``, ``N = 1 + W*(L-1)``; padding nodes have
+        token 0, parent -1, depth 0; the root has parent -1.
+    beam_node : int32 ``(B, W, L)`` node of each beam position.
+    num_nodes : int32 ``(B,)`` valid nodes per row.
+
+    Examples
+    --------
+    >>> token, parent, depth, beam_node, n = build_trie(mx.array([[[5, 1, 2], [5, 1, 3], [5, 4, 2]]]))
+    >>> token[0].tolist(), parent[0].tolist(), n.tolist()
+    ([5, 1, 2, 3, 4, 2, 0], [-1, 0, 1, 1, 0, 4, -1], [6])
+    """
+    _check("build_trie", "beams", beams, "B, W, L", INT_DTYPES)
+    if beams.shape[1] < 1 or beams.shape[2] < 1:
+        raise ValueError(f"build_trie: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
+    return tuple(_ext.build_trie(_i32(beams), stream=stream))
+
+
+def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False, *, stream: Stream = None) -> mx.array:
+    """Ancestor-or-self mask of the trie.
+
+    Parameters
+    ----------
+    node_parent : mx.array
+        ``(B, N)`` int32/int64 parent of each node (-1: root/padding); parents precede children.
+        A value outside ``[-1, i)`` at node ``i`` makes it a root (it sees only itself).
+    num_nodes : mx.array
+        ``(B,)`` int32/int64 valid nodes per row (clamped into ``[0, N]``); later rows see only
+        themselves.
+    packed : bool
+        Return int32 bit words instead of bools.
+
+    Returns
+    -------
+    mx.array
+        bool ``(B, N, N)`` (``mask[b, i, j]``: node j is an ancestor-or-self of node i), or int32
+        ``(B, N, ceil(N/32))`` with bit ``j % 32`` of word ``j // 32`` set, least significant first.
+
+    Examples
+    --------
+    >>> tree_mask(mx.array([[-1, 0, 1, 0]]), mx.array([4]), packed=True)[0, :, 0].tolist()
+    [1, 3, 7, 9]
+    """
+    op = "tree_mask"
+    _check(op, "node_parent", node_parent, "B, N", INT_DTYPES)
+    _check(op, "num_nodes", num_nodes, "B", INT_DTYPES)
+    if node_parent.shape[1] < 1:
+        raise ValueError(f"{op}: node_parent must have N >= 1 nodes, got shape {tuple(node_parent.shape)}")
+    _check_shape(op, "num_nodes", num_nodes, node_parent.shape[:1], "B")
+    return _ext.tree_mask(_i32(node_parent), _i32(num_nodes), bool(packed), stream=stream)
+
+
+def _check_verify(op: str, logits: mx.array, beams: mx.array, beam_node: mx.array) -> None:
+    _check(op, "logits", logits, "B, N, V", FLOAT_DTYPES)
+    _check(op, "beams", beams, "B, W, L", INT_DTYPES)
+    _check(op, "beam_node", beam_node, "B, W, L", INT_DTYPES)
+    B, W, L = beams.shape
+    if W < 1 or L < 1:
+        raise ValueError(f"{op}: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
+    if logits.shape[0] != B:
+        raise ValueError(f"{op}: logits has batch {logits.shape[0]} but beams has batch {B}")
+    if logits.shape[1] < 1 + W * (L - 1):
+        raise ValueError(
+            f"{op}: logits must cover N >= 1 + W*(L-1) = {1 + W * (L - 1)} nodes, got shape {tuple(logits.shape)}"
+        )
+    if logits.shape[2] < 1:
+        raise ValueError(f"{op}: logits must have 1 <= V < 2^31, got shape {tuple(logits.shape)}")
+    _check_shape(op, "beam_node", beam_node, beams.shape, "B, W, L")
+
+
+def verify_greedy(
+    logits: mx.array, beams: mx.array, beam_node: mx.array, *, stream: Stream = None
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Greedy acceptance: the longest beam whose draft tokens equal the target's argmax.
+
+    Parameters
+    ----------
+    logits : mx.array
+        ``(B, N', V)`` float32/float16/bfloat16 target logits per trie node, ``N' >= 1 + W*(L-1)``.
+    beams : mx.array
+        ``(B, W, L)`` int32/int64 draft beams (position 0 is the guaranteed token).
+    beam_node : mx.array
+        ``(B, W, L)`` int32/int64 node of each beam position (from ``build_trie``), in ``[0, N')``
+        (clamped into it).
+
+    Returns
+    -------
+    accept_len : int32 ``(B,)`` accepted draft tokens, ``0..L-1``.
+    best_beam : int32 ``(B,)`` beam achieving it (ties to the lowest beam).
+    path_nodes : int32 ``(B, L)`` nodes of the accepted path, root first, -1 past ``accept_len``.
+    next_token : int32 ``(B,)`` target argmax (first maximum) at the last accepted node.
+
+    Examples
+    --------
+    >>> beams = mx.array([[[5, 1, 2], [5, 1, 3]]]); beam_node = mx.array([[[0, 1, 2], [0, 1, 3]]])
+    >>> logits = mx.zeros((1, 5, 6)); logits[0, 0, 1] = 1; logits[0, 1, 3] = 1; logits[0, 3, 4] = 1
+    >>> [x.tolist() for x in verify_greedy(logits, beams, beam_node)]
+    [[2], [1], [[0, 1, 3]], [4]]
+    """
+    _check_verify("verify_greedy", logits, beams, beam_node)
+    return tuple(_ext.verify_greedy(logits, _i32(beams), _i32(beam_node), stream=stream))
+
+
+def verify_sample(
+    logits: mx.array,
+    beams: mx.array,
+    beam_node: mx.array,
+    accept_u: mx.array,
+    sample_u: mx.array,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    *,
+    stream: Stream = None,
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Exact sampling: recursive rejection over the trie (``reference.verify_sample``'s decisions).
+
+    ``p`` is the target's distribution at a node after temperature, top-k and top-p (float64). The
+    node's distinct children are tried in beam order; the j-th, token ``t``, is accepted when
+    ``accept_u[b, depth, j] * mass < p(t)`` (``mass``: the sum of the not yet rejected ``p``), else
+    ``p(t) = 0``. The walk continues at an accepted child; when every child is rejected (or at depth
+    L-1) the next token is drawn from the remaining ``p`` by inverse CDF with ``sample_u[b]``.
+    ``temperature == 0`` is ``verify_greedy`` exactly.
+
+    Parameters
+    ----------
+    logits : mx.array
+        ``(B, N', V)`` float32/float16/bfloat16 target logits per trie node, ``N' >= 1 + W*(L-1)``.
+    beams : mx.array
+        ``(B, W, L)`` int32/int64 draft beams; draft tokens in ``[0, V)`` (clamped into it).
+    beam_node : mx.array
+        ``(B, W, L)`` int32/int64 node of each beam position, in ``[0, N')`` (clamped into it).
+    accept_u : mx.array
+        ``(B, L-1, W)`` float32 uniforms in ``[0, 1)`` for the child decisions.
+    sample_u : mx.array
+        ``(B,)`` float32 uniform in ``[0, 1)`` for the next token.
+    temperature : float
+        ``>= 0``; 0 is greedy.
+    top_k : int
+        ``>= 0``; 0 is off.
+    top_p : float
+        In ``(0, 1]``; 1 is off.
+
+    Returns
+    -------
+    accept_len, best_beam, path_nodes, next_token : int32 ``(B,)``, ``(B,)``, ``(B, L)``, ``(B,)``
+        as ``verify_greedy``; ``next_token`` is sampled at the stop node.
+    """
+    op = "verify_sample"
+    _check_verify(op, logits, beams, beam_node)
+    B, W, L = beams.shape
+    _check(op, "accept_u", accept_u, "B, L-1, W", (mx.float32,))
+    _check(op, "sample_u", sample_u, "B", (mx.float32,))
+    _check_shape(op, "accept_u", accept_u, (B, L - 1, W), "B, L-1, W")
+    _check_shape(op, "sample_u", sample_u, (B,), "B")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+        0.0 <= float(temperature) < float("inf")
+    ):
+        raise ValueError(f"{op}: temperature must be a finite float >= 0, got {temperature!r}")
+    if not _is_int(top_k) or top_k < 0:
+        raise ValueError(f"{op}: top_k must be an int >= 0 (0: no top-k), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"{op}: top_p must be a float in (0, 1] (1: no top-p), got {top_p!r}")
+    top_k = min(top_k, 2**31 - 1)  # >= V is "off" anyway
+    return tuple(
+        _ext.verify_sample(
+            logits, _i32(beams), _i32(beam_node), accept_u, sample_u, float(temperature), top_k, float(top_p),
+            stream=stream,
+        )
+    )
+
+
+def kv_compact(
+    kv: mx.array, cache_len: mx.array, path_nodes: mx.array, accept_len: mx.array, *, stream: Stream = None
+) -> tuple[mx.array, mx.array]:
+    """Keep only the accepted path's K/V and advance ``cache_len``; returns the new ``(kv, cache_len)``.
+
+    For each row b and ``i = 0..accept_len[b]``, slot ``cache_len[b] + path_nodes[b, i]`` is copied
+    to slot ``cache_len[b] + i`` in every layer, K and V; then ``cache_len[b] += accept_len[b] + 1``.
+    ``accept_len[b] == -1`` marks an inactive row: nothing is copied or advanced. A row whose values
+    are invalid (``accept_len`` outside ``[-1, L-1]``, ``cache_len`` outside ``[0, S]``, or for some
+    ``i <= accept_len``: ``path_nodes[b, i] < i`` or ``cache_len[b] + path_nodes[b, i] >= S``) is
+    treated as inactive.
+
+    In place in practice: when the old ``kv`` (and ``cache_len``) are referenced by nothing but
+    this op at evaluation time, MLX donates their buffers and only the accepted slots move. Write
+    ``kv, cache_len = kv_compact(kv, cache_len, ...)``. If the old arrays are still referenced, the
+    op copies them first (correct, but a full pass over the cache).
+
+    Parameters
+    ----------
+    kv : mx.array
+        ``(n_layers, 2, B, H_kv, S, D)`` float32/float16/bfloat16 cache.
+    cache_len : mx.array
+        ``(B,)`` int32 tokens already committed per row.
+    path_nodes : mx.array
+        ``(B, L)`` int32/int64 accepted path from ``verify_greedy``, ``1 <= L <= S``.
+    accept_len : mx.array
+        ``(B,)`` int32/int64 in ``[-1, L-1]``.
+
+    Returns
+    -------
+    kv : ``(n_layers, 2, B, H_kv, S, D)`` compacted cache, dtype of ``kv``.
+    cache_len : int32 ``(B,)`` advanced lengths.
+
+    Examples
+    --------
+    >>> kv = mx.broadcast_to(mx.arange(6.0).reshape(1, 1, 1, 1, 6, 1), (1, 2, 1, 1, 6, 1))
+    >>> kv, cache_len = kv_compact(kv, mx.array([1], dtype=mx.int32), mx.array([[0, 2, 4]]), mx.array([2]))
+    >>> kv[0, 0, 0, 0, :, 0].tolist(), cache_len.tolist()
+    ([0.0, 1.0, 3.0, 5.0, 4.0, 5.0], [4])
+    """
+    op = "kv_compact"
+    _check(op, "kv", kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
+    _check(op, "cache_len", cache_len, "B", (mx.int32,))
+    _check(op, "path_nodes", path_nodes, "B, L", INT_DTYPES)
+    _check(op, "accept_len", accept_len, "B", INT_DTYPES)
+    _, two, B, _, S, _ = kv.shape
+    if two != 2:
+        raise ValueError(f"{op}: kv dim 1 must be 2 (K and V), got shape {tuple(kv.shape)}")
+    _check_shape(op, "cache_len", cache_len, (B,), "B")
+    _check_shape(op, "accept_len", accept_len, (B,), "B")
+    if path_nodes.shape[0] != B:
+        raise ValueError(f"{op}: path_nodes must have shape (B, L) with B={B}, got {tuple(path_nodes.shape)}")
+    L = path_nodes.shape[1]
+    if L < 1 or L > S:
+        raise ValueError(f"{op}: path_nodes length L={L} must be in [1, S={S}]")
+    return tuple(_ext.kv_compact(kv, cache_len, _i32(path_nodes), _i32(accept_len), stream=stream))
