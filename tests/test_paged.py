@@ -10,9 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import OracleDrafter, random_drafter, random_target
+from test_decode import NoHostSync, _forbidden  # the no-host-sync mechanism of decode_step's tests
 
 import redrafter_ext as rx
 from redrafter_ext import reference as ref
+from redrafter_ext.decode import _start
+from redrafter_ext.models import PagedKV
 
 sys.path.insert(0, str(Path(__file__).parent / "emu"))
 import emu_build  # noqa: E402
@@ -121,9 +125,11 @@ def test_all_rows_inactive_is_a_no_op():
 
 
 def test_opcheck():
-    for dtype, bs in ((torch.float32, 5), (torch.bfloat16, 16)):
-        pages, table, cache_len, path, acc = paged_inputs(3, 4, bs, dtype, seed=11)
-        torch.library.opcheck(torch.ops.redrafter.kv_compact_paged.default, (pages, table, cache_len, path, acc))
+    op = torch.ops.redrafter.kv_compact_paged.default
+    torch.library.opcheck(op, paged_inputs(3, 4, 5, torch.bfloat16, seed=11))
+    # a second sample without the (slow) AOT-dispatch test
+    torch.library.opcheck(op, paged_inputs(2, 3, 16, torch.float32, seed=12, idx=torch.int32),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
 def _bad_cases():
@@ -245,3 +251,141 @@ def test_cuda_kernel_emulated_guards(emu):
     p2, c2 = good[0].clone(), good[2].clone()
     ref.kv_compact_paged(p2, good[1], c2, good[3], good[4])
     assert c1.tolist() == [7, 15, 20] and np.array_equal(p1, p2.numpy())
+
+
+# ---- decode_step / generate on a paged cache == the contiguous cache ------------------------------
+PROMPTS_3 = [[5, 17, 3, 9, 22, 41, 8], [60, 2], [11, 12, 13, 14]]
+
+
+def shuffled_paged(target, B, S, block_size, seed, spare=5):
+    """A zeroed PagedKV of length S whose rows own randomly scattered blocks (plus spare ones)."""
+    max_blocks = -(-S // block_size)
+    num_blocks = B * max_blocks + spare
+    table = torch.randperm(num_blocks, generator=gen(seed))[: B * max_blocks].view(B, max_blocks).to(torch.int32)
+    return target.new_paged_kv_cache(B, S, block_size, num_blocks=num_blocks, block_table=table)
+
+
+def assert_same_run(contiguous, paged):
+    assert paged.tokens == contiguous.tokens
+    assert paged.steps == contiguous.steps and paged.nodes == contiguous.nodes
+    assert torch.equal(paged.state.cache_len, contiguous.state.cache_len)
+    # every slot of every row, bit for bit (tree slots past cache_len included)
+    assert torch.equal(paged.state.kv.to_contiguous(), contiguous.state.kv)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_target(vocab=97, hidden=64, layers=2, seed=0)
+
+
+@pytest.mark.parametrize("block_size", (1, 5, 16))
+def test_generate_paged_random_model(target, block_size):
+    drafter = random_drafter(target)
+    for prompts, (W, L) in ((PROMPTS_3, (3, 4)), (PROMPTS_3[:1], (2, 5))):
+        B, new = len(prompts), 40
+        S = max(map(len, prompts)) + new + 1 + W * (L - 1) + 3
+        kw = dict(beam_width=W, beam_length=L)
+        c = rx.generate(target, drafter, prompts, new, max_len=S, **kw)
+        p = rx.generate(target, drafter, prompts, new, paged_kv=shuffled_paged(target, B, S, block_size, seed=B), **kw)
+        assert_same_run(c, p)
+        ar = rx.autoregressive_generate(target, prompts, new, paged_kv=shuffled_paged(target, B, S, block_size, 9))
+        assert p.tokens == ar.tokens
+
+
+@pytest.mark.parametrize("block_size", (1, 5))
+def test_decode_paged_long_acceptance(target, block_size):
+    # the oracle drafter is accepted in full (L tokens a step): paths cross block boundaries
+    ar = rx.autoregressive_generate(target, PROMPTS_3, 40)
+    ref_tokens = torch.tensor([r + [0] * 8 for r in ar.tokens])
+    W, L = 3, 6
+    S = 7 + 40 + 1 + W * (L - 1)
+    for paged in (None, shuffled_paged(target, 3, S, block_size, seed=4)):
+        state = _start(target, PROMPTS_3, 40, 1 + W * (L - 1), None, None if paged else S, None, paged)
+        drafter = OracleDrafter(ref_tokens, state.num_out, 97)
+        for _ in range(40):
+            rx.decode_step(target, drafter, state, beam_width=W, beam_length=L)
+        n = state.num_out.tolist()
+        assert [state.out[b, : n[b]].tolist() for b in range(3)] == ar.tokens
+        assert state.steps.tolist() == [-(-40 // L)] * 3
+        if paged is None:
+            contiguous_kv = state.kv
+        else:
+            assert torch.equal(state.kv.to_contiguous(), contiguous_kv)
+
+
+def test_generate_paged_sampling(target):
+    drafter = random_drafter(target, seed=3)
+    S = 7 + 32 + 1 + 2 * 3 + 2
+    kw = dict(beam_width=2, beam_length=4, temperature=0.8, top_k=20, top_p=0.95, seed=1234)
+    c = rx.generate(target, drafter, PROMPTS_3, 32, max_len=S, **kw)
+    p = rx.generate(target, drafter, PROMPTS_3, 32, paged_kv=shuffled_paged(target, 3, S, 5, seed=2), **kw)
+    assert_same_run(c, p)
+    assert c.tokens != rx.generate(target, drafter, PROMPTS_3, 32, max_len=S, **(kw | {"seed": 7})).tokens
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from redrafter_ext.demo import CHECKPOINTS, load_models, load_prompt_ids
+
+    target, drafter, tok, _ = load_models(CHECKPOINTS, random_weights=False)
+    prompts = load_prompt_ids(tok, 3, 160, target.vocab_size)
+    return target, drafter, [prompts[0], prompts[1][: len(prompts[1]) // 2], prompts[2]]
+
+
+@pytest.mark.parametrize("B", (1, 3))
+def test_generate_paged_shipped_model(shipped, B):
+    target, drafter, prompts = shipped
+    prompts = prompts[:B]
+    eos = target.config.eos_token_id
+    W, L, new = 2, 5, 32
+    S = max(map(len, prompts)) + new + 1 + W * (L - 1)
+    kw = dict(beam_width=W, beam_length=L, eos_id=eos)
+    c = rx.generate(target, drafter, prompts, new, max_len=S, **kw)
+    p = rx.generate(target, drafter, prompts, new, paged_kv=shuffled_paged(target, B, S, 16, seed=B), **kw)
+    assert_same_run(c, p)
+    assert p.tokens_per_step > 1.2  # long accepted paths
+    if B == 3:
+        assert len({len(x) for x in prompts}) == 3  # mixed prompt lengths
+        ks = dict(kw, temperature=0.7, seed=5)
+        c = rx.generate(target, drafter, prompts, 16, max_len=S, **ks)
+        p = rx.generate(target, drafter, prompts, 16, paged_kv=shuffled_paged(target, B, S, 5, seed=6), **ks)
+        assert_same_run(c, p)
+
+
+@pytest.mark.parametrize("backend", ("native", "reference"))
+def test_paged_decode_step_never_syncs(target, backend, monkeypatch):
+    ops = {"native": rx.ops, "reference": rx.reference}[backend]
+    paged = shuffled_paged(target, 3, 7 + 16 + 13, 5, seed=8)
+    state = _start(target, PROMPTS_3, 16, 13, None, None, None, paged)
+    drafter = random_drafter(target)
+    for name in ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, _forbidden(name))
+    with NoHostSync():
+        for _ in range(3):
+            rx.decode_step(target, drafter, state, beam_width=4, beam_length=4, ops=ops)
+    monkeypatch.undo()
+    assert int(state.num_out.min()) >= 3
+
+
+def test_paged_bad_input(target):
+    d = random_drafter(target)
+    paged = shuffled_paged(target, 3, 30, 5, seed=1)
+    with pytest.raises(ValueError, match="paged_kv has 3 rows"):
+        rx.generate(target, d, PROMPTS_3[:2], 8, paged_kv=paged)
+    with pytest.raises(ValueError, match="max_len or paged_kv"):
+        rx.generate(target, d, PROMPTS_3, 8, paged_kv=paged, max_len=30)
+    with pytest.raises(ValueError, match="max_len=30 leaves no room"):
+        rx.generate(target, d, PROMPTS_3, 20, paged_kv=paged)
+    with pytest.raises(TypeError, match="block_table must have dtype int32"):
+        PagedKV(paged.pages, paged.block_table.long())
+    with pytest.raises(ValueError, match="pages must have shape"):
+        PagedKV(paged.pages[0], paged.block_table)
+    with pytest.raises(ValueError, match="max_len=31"):
+        PagedKV(paged.pages, paged.block_table, 31)
+    state = _start(target, PROMPTS_3, 8, 4, None, None, None, paged)
+    state.kv = PagedKV(paged.pages.to(torch.int32), paged.block_table)
+    with pytest.raises(TypeError, match="state.kv.pages must have dtype"):
+        rx.decode_step(target, d, state, beam_width=2, beam_length=3)
+    state.kv = PagedKV(paged.pages, paged.block_table, 9)
+    with pytest.raises(ValueError, match=r"N = 1 \+ W\*\(L-1\) = 13 cache slots but the cache has S = 9"):
+        rx.decode_step(target, d, state, beam_width=4, beam_length=4)

@@ -527,11 +527,11 @@ def kv_compact_paged(
     src_blk, dst_blk = src_blk.clamp(0, num_blocks - 1), dst_blk.clamp(0, num_blocks - 1)
     src_off, dst_off = src % bs, dst % bs
     flat = valid.flatten()
-    first = torch.where(flat, torch.arange(B * L, device=dev), B * L).amin().clamp(max=B * L - 1)
-    has = flat[first]
+    first = torch.where(flat, torch.arange(B * L, device=dev), B * L).amin().clamp(max=B * L - 1).view(1)
+    has = flat.gather(0, first)  # (1,): gathers, not a 0-dim index (that would read it on the host)
 
     def pick(t: Tensor) -> Tensor:
-        return torch.where(valid, t, torch.where(has, t.flatten()[first], 0))
+        return torch.where(valid, t, torch.where(has, t.flatten().gather(0, first), 0))
 
     moved = kv_pages[:, pick(src_blk), :, :, pick(src_off)]  # [B, L, n_layers, 2, H, D]
     kv_pages[:, pick(dst_blk), :, :, pick(dst_off)] = moved
