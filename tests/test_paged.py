@@ -4,6 +4,7 @@ contiguous cache."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -207,7 +208,9 @@ def test_reference_rejects_bad_values():
 # ---- the CUDA kernel under the host emulator -------------------------------------------------
 @pytest.fixture(scope="module")
 def emu():
-    return emu_build.build()
+    # REDRAFTER_EMU_SANITIZE=1 (with libasan preloaded, as test_cuda_emulated.test_sanitized does)
+    # runs these tests on the ASan+UBSan build
+    return emu_build.build(sanitize=os.environ.get("REDRAFTER_EMU_SANITIZE") == "1")
 
 
 def np_of(t: torch.Tensor) -> np.ndarray:
@@ -389,3 +392,26 @@ def test_paged_bad_input(target):
     state.kv = PagedKV(paged.pages, paged.block_table, 9)
     with pytest.raises(ValueError, match=r"N = 1 \+ W\*\(L-1\) = 13 cache slots but the cache has S = 9"):
         rx.decode_step(target, d, state, beam_width=4, beam_length=4)
+
+
+@pytest.mark.parametrize("cache_dtype", (torch.float32, torch.bfloat16))
+def test_paged_tree_forward_bitwise(target, cache_dtype):
+    # a prefill then a tree forward at mixed cache lengths: logits, hidden and every KV bit equal
+    B, S, T = 3, 40, 10
+    g = gen(21)
+    prompts = torch.randint(0, 97, (B, 12), generator=g)
+    lengths = torch.tensor([12, 5, 9], dtype=torch.int32)
+    beams = torch.randint(0, 97, (B, 3, 4), generator=g)
+    token, parent, depth, _, n = ref.build_trie(beams)
+    mask = ref.tree_mask(parent, n)
+    assert token.shape[1] == T
+    kv = target.new_kv_cache(B, S, dtype=cache_dtype)
+    paged = shuffled_paged(target, B, S, 3, seed=5)
+    paged.pages = paged.pages.to(cache_dtype)
+    outs = []
+    for cache in (kv, paged):
+        first = target.prefill(prompts, lengths, cache)
+        outs.append(first + target(token, lengths[:, None] + depth, mask, lengths, cache))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert torch.equal(paged.to_contiguous(), kv)

@@ -340,10 +340,12 @@ class LlamaTarget(nn.Module):
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             if paged:
-                k_pages, v_pages = kv.pages[i, :, 0], kv.pages[i, :, 1]  # views (num_blocks, H_kv, bs, D)
-                k_pages[w_blk, heads, w_off] = k.to(kv.dtype)
-                v_pages[w_blk, heads, w_off] = v.to(kv.dtype)
-                keys, values = k_pages[r_blk, heads, r_off], v_pages[r_blk, heads, r_off]  # (B, H_kv, S, D)
+                # fresh views (num_blocks, H_kv, bs, D) per use: autograd rejects an in-place write
+                # through a view taken before another write to the same pages
+                kv.pages[i, :, 0][w_blk, heads, w_off] = k.to(kv.dtype)
+                kv.pages[i, :, 1][w_blk, heads, w_off] = v.to(kv.dtype)
+                keys = kv.pages[i, :, 0][r_blk, heads, r_off]  # (B, H_kv, S, D)
+                values = kv.pages[i, :, 1][r_blk, heads, r_off]
             else:
                 kv[i, 0].scatter_(2, slots, k.to(kv.dtype))
                 kv[i, 1].scatter_(2, slots, v.to(kv.dtype))
