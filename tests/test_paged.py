@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import OracleDrafter, random_drafter, random_target
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_decode import NoHostSync, _forbidden  # the no-host-sync mechanism of decode_step's tests
 
 import redrafter_ext as rx
@@ -86,8 +88,7 @@ def test_native_matches_reference(dtype, B, block_size):
         pages, table, cache_len, path, acc = inputs
         (p1, c1), (p2, c2) = run_both(inputs)
         assert torch.equal(c1, c2)
-        assert torch.equal(p1.view(torch.uint8) if dtype != torch.float32 else p1, p2.view(torch.uint8)
-                           if dtype != torch.float32 else p2)
+        assert torch.equal(p1.view(torch.uint8), p2.view(torch.uint8))  # bits (NaN-safe)
         # the same step on the contiguous layout, for the active rows
         kv = to_contiguous(pages, table)
         c3 = cache_len.clone()
@@ -101,6 +102,14 @@ def test_native_matches_reference(dtype, B, block_size):
         others = torch.ones(pages.shape[1], dtype=torch.bool)
         others[owned] = False
         assert torch.equal(p1[:, others], pages[:, others])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 5), st.integers(1, 8), st.integers(1, 7), st.integers(0, 2**31 - 1), st.sampled_from(FLOATS))
+def test_native_matches_reference_hypothesis(B, L, block_size, seed, dtype):
+    inputs = paged_inputs(B, L, block_size, dtype, seed, D=3, S=L + seed % 13, spare=seed % 3)
+    (p1, c1), (p2, c2) = run_both(inputs)
+    assert torch.equal(c1, c2) and torch.equal(p1.view(torch.uint8), p2.view(torch.uint8))
 
 
 def test_paths_cross_block_boundaries():
@@ -415,3 +424,15 @@ def test_paged_tree_forward_bitwise(target, cache_dtype):
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     assert torch.equal(paged.to_contiguous(), kv)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the kernel is proven in the emulator)")
+def test_cuda_device():
+    for dtype, bs, B in ((torch.float32, 5, 3), (torch.bfloat16, 16, 7), (torch.float16, 1, 1)):
+        inputs = paged_inputs(B, 6, bs, dtype, seed=B, D=64)
+        p2, c2 = inputs[0].clone(), inputs[2].clone()
+        ref.kv_compact_paged(p2, inputs[1], c2, inputs[3], inputs[4])
+        p1, t1, c1, path1, acc1 = (t.cuda() for t in inputs)
+        rx.ops.kv_compact_paged(p1, t1, c1, path1, acc1)
+        assert torch.equal(c1.cpu(), c2) and torch.equal(p1.cpu().view(torch.uint8), p2.view(torch.uint8))
+    torch.library.opcheck(torch.ops.redrafter.kv_compact_paged.default, (p1, t1, c1, path1, acc1))

@@ -189,7 +189,8 @@ def decode_step(
         target: implements the target protocol (``redrafter_ext.models``).
         drafter: has ``beam_search(hidden, token, embed_weight, W, L, ops) -> (B, W, L)``.
         state: the decode state (see ``DecodeState``); the caller guarantees cache room for
-            ``cache_len + N`` slots in active rows (``generate`` checks this once up front).
+            ``cache_len + N`` slots in active rows (``generate`` checks this once up front); with
+            a ``PagedKV``, the blocks of those slots are allocated to the row in its block table.
         ops: ``redrafter_ext.ops`` (native, the default) or ``redrafter_ext.reference``.
         timer: optional ``StageTimer`` (adds synchronisation on GPUs; for profiling only).
         sampling: None or a greedy ``SamplingParams`` for greedy acceptance (``verify_greedy``);
