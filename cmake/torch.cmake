@@ -37,6 +37,8 @@ set(REDRAFTER_TORCH_SOURCES
   csrc/cpu/kv_compact.cpp
   csrc/cpu/vec.cpp
 )
+# paged KV (issue 8)
+list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/paged_cpu.cpp csrc/cpu/kv_compact_paged.cpp)
 
 # CUDA: compiled when nvcc is found; the module links cudart statically so it imports anywhere.
 set(REDRAFTER_HAVE_CUDA OFF)
@@ -55,6 +57,7 @@ if(NOT REDRAFTER_CUDA STREQUAL "OFF")
     set(REDRAFTER_HAVE_CUDA ON)
     list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/ops_cuda.cpp csrc/cuda/tree_mask.cu csrc/cuda/beam_topk.cu
          csrc/cuda/build_trie.cu csrc/cuda/verify_greedy.cu csrc/cuda/kv_compact.cu)
+    list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/paged_cuda.cpp csrc/cuda/kv_compact_paged.cu)
   elseif(REDRAFTER_CUDA STREQUAL "ON")
     message(FATAL_ERROR "REDRAFTER_CUDA=ON but no CUDA compiler (nvcc) was found; set CUDACXX")
   else()

@@ -390,7 +390,8 @@ def test_opcheck(name, args):
 
 
 def test_all_ops_native():
-    assert set(ops.NATIVE_OPS) == {"tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact"}
+    assert set(ops.NATIVE_OPS) == {"tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact",
+                                   "kv_compact_paged"}
     for name in ops.NATIVE_OPS:
         assert getattr(ops, name) is not getattr(ref, name)
 

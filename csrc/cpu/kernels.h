@@ -67,4 +67,15 @@ void kv_compact(uint8_t* kv, int64_t B, int64_t H, int64_t S, int64_t slot_bytes
 template <typename I>
 void kv_compact_advance(int32_t* cache_len, const I* accept_len, int64_t B);
 
+// Paged KV compaction in place on pages [n_layers, num_blocks, 2, H, block_size, slot_bytes] (bytes)
+// with block_table [B, max_blocks] int32: logical slot s of row b is physical block
+// block_table[b, s / block_size], offset s % block_size. Units u = (layer*2 + k)*B*H + b*H + h in
+// [unit_begin, unit_end). Inputs validated as for kv_compact with S = max_blocks * block_size, plus:
+// the blocks of every slot read or written hold ids in [0, num_blocks), and no physical block is
+// reached from two different (row, logical block) pairs. cache_len is advanced by kv_compact_advance.
+template <typename I>
+void kv_compact_paged(uint8_t* pages, int64_t num_blocks, int64_t B, int64_t H, int64_t block_size,
+                      int64_t slot_bytes, const int32_t* block_table, int64_t max_blocks, const int32_t* cache_len,
+                      const I* path_nodes, int64_t L, const I* accept_len, int64_t unit_begin, int64_t unit_end);
+
 }  // namespace redrafter::cpu

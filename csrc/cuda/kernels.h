@@ -53,4 +53,15 @@ cudaError_t kv_compact(void* kv, int64_t n_layers, int64_t B, int64_t H, int64_t
                        int32_t* cache_len, const void* path_nodes, const void* accept_len, IndexType index_type,
                        int64_t L, cudaStream_t stream);
 
+// kv_compact_paged, in place: kv_pages [n_layers, num_blocks, 2, H, block_size, slot_bytes bytes]
+// with block_table [B, max_blocks] i32 (logical slot s of row b: block block_table[b, s / block_size],
+// offset s % block_size), cache_len [B] i32, path_nodes [B, L] and accept_len [B] (index_type). As
+// kv_compact with S = max_blocks * block_size; a row is also left untouched when a block id of a slot
+// it reads or writes is outside [0, num_blocks). Contract not checked here (the CPU op checks it): no
+// physical block is reached from two (row, logical block) pairs among the slots a step touches.
+cudaError_t kv_compact_paged(void* kv_pages, int64_t n_layers, int64_t num_blocks, int64_t H, int64_t block_size,
+                             int64_t slot_bytes, const int32_t* block_table, int64_t B, int64_t max_blocks,
+                             int32_t* cache_len, const void* path_nodes, const void* accept_len,
+                             IndexType index_type, int64_t L, cudaStream_t stream);
+
 }  // namespace redrafter::cuda

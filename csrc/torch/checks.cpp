@@ -136,4 +136,44 @@ void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, 
   TORCH_CHECK_VALUE(L >= 1 && L <= S, op, ": path_nodes length L=", L, " must be in [1, S=", S, "]");
 }
 
+// kv_pages [n_layers, num_blocks, 2, H_kv, block_size, D] (layers stacked so that one launch covers
+// them all), block_table [B, max_blocks] int32; a row's logical capacity is max_blocks * block_size.
+void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor& block_table,
+                                   const at::Tensor& cache_len, const at::Tensor& path_nodes,
+                                   const at::Tensor& accept_len) {
+  constexpr const char* op = "kv_compact_paged";
+  check_dim(op, "kv_pages", kv_pages, 6, "n_layers, num_blocks, 2, H_kv, block_size, D");
+  check_float_dtype(op, "kv_pages", kv_pages);
+  check_dim(op, "block_table", block_table, 2, "B, max_blocks");
+  TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt, op, ": block_table must have dtype int32, got ",
+                   block_table.scalar_type());
+  check_same_device(op, "block_table", block_table, kv_pages);
+  check_dim(op, "cache_len", cache_len, 1, "B");
+  TORCH_CHECK_TYPE(cache_len.scalar_type() == at::kInt, op, ": cache_len must have dtype int32, got ",
+                   cache_len.scalar_type());
+  check_same_device(op, "cache_len", cache_len, kv_pages);
+  check_dim(op, "path_nodes", path_nodes, 2, "B, L");
+  check_index_dtype(op, "path_nodes", path_nodes);
+  check_same_device(op, "path_nodes", path_nodes, kv_pages);
+  check_dim(op, "accept_len", accept_len, 1, "B");
+  check_index_dtype(op, "accept_len", accept_len);
+  check_same_device(op, "accept_len", accept_len, kv_pages);
+  TORCH_CHECK_VALUE(kv_pages.size(2) == 2, op, ": kv_pages dim 2 must be 2 (K and V), got shape ", kv_pages.sizes());
+  TORCH_CHECK_VALUE(kv_pages.size(1) >= 1 && kv_pages.size(4) >= 1, op,
+                    ": kv_pages must have num_blocks >= 1 and block_size >= 1, got shape ", kv_pages.sizes());
+  TORCH_CHECK_VALUE(kv_pages.size(1) <= std::numeric_limits<int32_t>::max(), op, ": kv_pages has ",
+                    kv_pages.size(1), " blocks but block ids must fit in int32");
+  TORCH_CHECK_VALUE(kv_pages.is_contiguous(), op, ": kv_pages must be contiguous (it is updated in place)");
+  const int64_t B = block_table.size(0), S = block_table.size(1) * kv_pages.size(4);
+  TORCH_CHECK_VALUE(cache_len.size(0) == B, op, ": cache_len must have shape (B,) = (", B, ",), got ",
+                    cache_len.sizes());
+  TORCH_CHECK_VALUE(accept_len.size(0) == B, op, ": accept_len must have shape (B,) = (", B, ",), got ",
+                    accept_len.sizes());
+  TORCH_CHECK_VALUE(path_nodes.size(0) == B, op, ": path_nodes must have shape (B, L) with B=", B, ", got ",
+                    path_nodes.sizes());
+  const int64_t L = path_nodes.size(1);
+  TORCH_CHECK_VALUE(L >= 1 && L <= S, op, ": path_nodes length L=", L, " must be in [1, S=", S,
+                    "] (S = max_blocks * block_size)");
+}
+
 }  // namespace redrafter

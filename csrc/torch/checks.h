@@ -48,4 +48,8 @@ void check_verify_sample_inputs(const at::Tensor& logits, const at::Tensor& beam
 void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes,
                              const at::Tensor& accept_len);
 
+void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor& block_table,
+                                   const at::Tensor& cache_len, const at::Tensor& path_nodes,
+                                   const at::Tensor& accept_len);
+
 }  // namespace redrafter

@@ -13,4 +13,8 @@ TORCH_LIBRARY(redrafter, m) {
       "float temperature, int top_k=0, float top_p=1.0) -> (Tensor, Tensor, Tensor, Tensor)");
   // in place: kv and cache_len are written
   m.def("kv_compact(Tensor(a!) kv, Tensor(b!) cache_len, Tensor path_nodes, Tensor accept_len) -> ()");
+  // paged variant: kv_pages [n_layers, num_blocks, 2, H_kv, block_size, D], block_table [B, max_blocks] int32
+  m.def(
+      "kv_compact_paged(Tensor(a!) kv_pages, Tensor block_table, Tensor(b!) cache_len, Tensor path_nodes, "
+      "Tensor accept_len) -> ()");
 }

@@ -12,7 +12,7 @@ import torch  # noqa: F401  (the native module has no RPATH to libtorch: load to
 from . import ops, reference
 from .decode import DecodeState, GenerateOutput, SamplingParams, autoregressive_generate, decode_step, generate
 from .drafter import Drafter, DrafterConfig, beam_search
-from .models import LlamaConfig, LlamaTarget
+from .models import LlamaConfig, LlamaTarget, PagedKV
 
 __all__ = [
     "ops",
@@ -28,5 +28,6 @@ __all__ = [
     "beam_search",
     "LlamaConfig",
     "LlamaTarget",
+    "PagedKV",
 ]
 __version__ = "0.1.0"

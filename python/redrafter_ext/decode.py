@@ -8,6 +8,7 @@ One step, for B rows at once (W beams of L tokens, N = 1 + W*(L-1) trie nodes):
     accept     = ops.verify_greedy(logits, beams, beam_node)     # longest beam agreeing with argmax
                  (or ops.verify_sample(..., uniforms, T, top_k, top_p): exact sampling)
     ops.kv_compact(kv, cache_len, path_nodes, accept)            # keep only the accepted path
+                 (ops.kv_compact_paged(pages, block_table, ...) on a paged cache, models.PagedKV)
     commit root + accepted tokens to the output buffer; hidden, token <- last accepted node
 Every tensor keeps its shape from step to step and the state is updated in place, so the step can
 be captured in a CUDA graph; finished rows keep their shape and are masked.
@@ -28,7 +29,8 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from ._checks import check_tensor
+from ._checks import FLOAT_DTYPES, check_tensor
+from .models import PagedKV
 from .profiling import StageTimer
 from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
 
@@ -111,7 +113,9 @@ def _sampling_or_none(temperature: float, top_k: int, top_p: float, seed: int, d
 class DecodeState:
     """Everything that changes across decode steps; all tensors on one device, updated in place.
 
-    kv         (n_layers, 2, B, H_kv, S, D)  target KV cache
+    kv         (n_layers, 2, B, H_kv, S, D)  target KV cache, or a ``PagedKV`` (pages
+               (n_layers, num_blocks, 2, H_kv, block_size, D) + block_table (B, max_blocks) int32,
+               S = its ``length``); see docs/paged_kv.md
     cache_len  (B,) int32   tokens whose K/V are committed in ``kv``
     hidden     (B, H)       target hidden state (after final norm) at the last committed token
     token      (B,) int32   the guaranteed next token (target argmax, not yet in the cache)
@@ -122,7 +126,7 @@ class DecodeState:
     nodes      (B,) int32   trie nodes verified while the row was active (sum over steps)
     """
 
-    kv: Tensor
+    kv: Tensor | PagedKV
     cache_len: Tensor
     hidden: Tensor
     token: Tensor
@@ -139,9 +143,16 @@ class DecodeState:
         op = "decode_step"
         if beam_width < 1 or beam_length < 1:
             raise ValueError(f"{op}: beam_width and beam_length must be >= 1, got {beam_width}, {beam_length}")
-        check_tensor(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D")
-        dev = self.kv.device
-        B, S = self.kv.shape[2], self.kv.shape[4]
+        if isinstance(self.kv, PagedKV):
+            pages = check_tensor(op, "state.kv.pages", self.kv.pages, "n_layers, num_blocks, 2, H_kv, block_size, D",
+                                 FLOAT_DTYPES)
+            dev = pages.device
+            check_tensor(op, "state.kv.block_table", self.kv.block_table, "B, max_blocks", (torch.int32,), dev)
+            B, S = self.kv.batch, self.kv.length
+        else:
+            check_tensor(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D")
+            dev = self.kv.device
+            B, S = self.kv.shape[2], self.kv.shape[4]
         check_tensor(op, "state.cache_len", self.cache_len, "B", (torch.int32,), dev)
         check_tensor(op, "state.hidden", self.hidden, "B, H", None, dev)
         check_tensor(op, "state.token", self.token, "B", (torch.int32,), dev)
@@ -178,7 +189,8 @@ def decode_step(
         target: implements the target protocol (``redrafter_ext.models``).
         drafter: has ``beam_search(hidden, token, embed_weight, W, L, ops) -> (B, W, L)``.
         state: the decode state (see ``DecodeState``); the caller guarantees cache room for
-            ``cache_len + N`` slots in active rows (``generate`` checks this once up front).
+            ``cache_len + N`` slots in active rows (``generate`` checks this once up front); with
+            a ``PagedKV``, the blocks of those slots are allocated to the row in its block table.
         ops: ``redrafter_ext.ops`` (native, the default) or ``redrafter_ext.reference``.
         timer: optional ``StageTimer`` (adds synchronisation on GPUs; for profiling only).
         sampling: None or a greedy ``SamplingParams`` for greedy acceptance (``verify_greedy``);
@@ -191,6 +203,11 @@ def decode_step(
     """
     ops = ops or default_ops()
     state.check(target, beam_width, beam_length)
+    compact_paged = None
+    if isinstance(state.kv, PagedKV):
+        compact_paged = getattr(ops, "kv_compact_paged", None)
+        if compact_paged is None:
+            raise ValueError(f"decode_step: ops {getattr(ops, '__name__', ops)!r} has no kv_compact_paged (paged cache)")
     if timer is not None:
         ops = timer.wrap(ops)
     section = timer.section if timer is not None else _no_section
@@ -221,10 +238,12 @@ def decode_step(
                 float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
             )
     with section("commit"):
-        return _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section)
+        return _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section,
+                       compact_paged)
 
 
-def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section) -> Tensor:
+def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section,
+            compact_paged=None) -> Tensor:
     """Steps 6-7: compact the KV cache and write the committed tokens; updates ``state`` in place."""
     B, _, L = beams.shape
     i = torch.arange(L, device=beams.device)
@@ -242,7 +261,10 @@ def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden,
 
     # 6: keep only the committed path's K/V; cache_len += n_commit
     with section("kv_compact"):
-        ops.kv_compact(state.kv, state.cache_len, path_nodes, last)
+        if compact_paged is not None:  # paged cache: the same move through the block table
+            compact_paged(state.kv.pages, state.kv.block_table, state.cache_len, path_nodes, last)
+        else:
+            ops.kv_compact(state.kv, state.cache_len, path_nodes, last)
 
     # 7: fixed-shape scatter into the output buffer; uncommitted positions go to scratch columns
     scratch = state.out.shape[1] - L + i
@@ -305,8 +327,9 @@ def _prepare_prompts(target, prompts: Sequence[Sequence[int]] | Tensor, device) 
 
 @torch.no_grad()
 def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None,
-           sampling: SamplingParams | None = None):
-    """Validate, allocate the cache and prefill (the first token sampled when ``sampling``)."""
+           sampling: SamplingParams | None = None, paged_kv: PagedKV | None = None):
+    """Validate, allocate the cache (or take the caller's ``paged_kv``) and prefill (the first
+    token sampled when ``sampling``)."""
     if max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
     if eos_id is not None and not 0 <= eos_id < target.vocab_size:
@@ -316,13 +339,22 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
     B, T = tokens.shape
     # the tree of the last step starts at most at prompt + max_new - 1 and needs `slack` slots
     need = T + max_new_tokens + slack
+    if paged_kv is not None:
+        if not isinstance(paged_kv, PagedKV):
+            raise TypeError(f"generate: paged_kv must be a PagedKV, got {type(paged_kv).__name__}")
+        if max_len is not None:
+            raise ValueError("generate: pass max_len or paged_kv, not both (paged_kv.max_len sets the cache length)")
+        if paged_kv.batch != B or paged_kv.device != dev:
+            raise ValueError(f"generate: paged_kv has {paged_kv.batch} rows on {paged_kv.device}, "
+                             f"the prompts need {B} on {dev}")
+        max_len = paged_kv.length
     S = max_len or need
     if S < need:
         raise ValueError(
             f"generate: max_len={S} leaves no room: prompt {T} + max_new_tokens {max_new_tokens} "
             f"+ trie N={slack} needs {need} cache slots"
         )
-    kv = target.new_kv_cache(B, S)
+    kv = paged_kv if paged_kv is not None else target.new_kv_cache(B, S)
     logits, hidden = target.prefill(tokens, lengths, kv)
     z = torch.zeros(B, dtype=torch.int32, device=dev)
     state = DecodeState(
@@ -364,6 +396,7 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int = 0,
+    paged_kv: PagedKV | None = None,
 ) -> GenerateOutput:
     """ReDrafter generation: prefill, then ``decode_step`` until every row is done.
 
@@ -379,6 +412,9 @@ def generate(
             greedy. With sampling, the tokens follow the target's processed distribution exactly
             (exact recursive rejection over the trie, ``verify_sample``).
         seed: seeds the one ``torch.Generator`` (on the target's device) of all the uniforms.
+        paged_kv: decode on this caller-owned paged cache (``PagedKV``, B rows, length >= prompt +
+            max_new_tokens + N) instead of allocating a contiguous one; its rows' blocks are
+            overwritten. Results equal the contiguous cache's with ``max_len = paged_kv.length``.
 
     Returns:
         ``GenerateOutput``; greedy: tokens equal ``autoregressive_generate``'s, token for token;
@@ -387,7 +423,7 @@ def generate(
     """
     N = num_nodes_max(beam_width, beam_length)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
-    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling)
+    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, paged_kv)
     for step in range(max_new_tokens):
         decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops, timer=timer,
                     sampling=sampling)
@@ -409,15 +445,16 @@ def autoregressive_generate(
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int = 0,
+    paged_kv: PagedKV | None = None,
 ) -> GenerateOutput:
     """Plain decoding with the same target and cache: one token per forward.
 
     Greedy by default; ``temperature > 0`` samples each token from the target's distribution after
     temperature, top-k and top-p (``reference.sampling_probs``), uniforms from one generator seeded
-    with ``seed``: the baseline ``generate`` matches in distribution.
+    with ``seed``: the baseline ``generate`` matches in distribution. ``paged_kv`` as in ``generate``.
     """
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device) or SamplingParams(0.0)
-    state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling)
+    state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling, paged_kv)
     B = state.token.shape[0]
     ones = torch.ones(B, 1, 1, dtype=torch.bool, device=state.token.device)
     col = torch.arange(B, device=state.token.device)

@@ -4,8 +4,11 @@ Architecture (Hugging Face ``LlamaForCausalLM`` compatible): RMSNorm, rotary pos
 (rotate-half convention), grouped-query attention, SwiGLU MLP, optional tied embeddings. Loads and
 saves a Hugging Face checkpoint folder (``config.json`` + ``model.safetensors``) offline.
 
-KV cache layout (owned by the caller, see ``new_kv_cache``):
-    kv: (n_layers, 2, B, n_kv_heads, max_len, head_dim), contiguous, index 0 = K, 1 = V.
+KV cache layouts (owned by the caller):
+    contiguous (``new_kv_cache``): kv (n_layers, 2, B, n_kv_heads, max_len, head_dim), index 0 = K, 1 = V.
+    paged (``new_paged_kv_cache``, ``PagedKV``): pages (n_layers, num_blocks, 2, n_kv_heads,
+        block_size, head_dim) + block_table (B, max_blocks) int32; logical slot s of row b is
+        block block_table[b, s // block_size], offset s % block_size (see docs/paged_kv.md).
 
 The target protocol an engine implements to use ``decode_step`` with its own model:
 
@@ -15,7 +18,7 @@ The target protocol an engine implements to use ``decode_step`` with its own mod
         embed_weight: Tensor                       # (V, H) input embedding, read by the drafter
         def forward(self, tokens, positions, tree_mask, cache_len, kv) -> tuple[Tensor, Tensor]:
             # tokens (B, T) int, positions (B, T) int, tree_mask (B, T, T) bool,
-            # cache_len (B,) int32, kv: the cache.
+            # cache_len (B,) int32, kv: the cache (a Tensor, or a PagedKV for a paged cache).
             # Writes the K/V of token t at slot cache_len[b] + t; token t attends to every slot
             # < cache_len[b] and to slot cache_len[b] + j where tree_mask[b, t, j].
             # Returns logits (B, T, V) float32 and hidden (B, T, H) after the final norm.
@@ -31,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LlamaConfig", "LlamaTarget", "causal_tree_mask"]
+__all__ = ["LlamaConfig", "LlamaTarget", "PagedKV", "causal_tree_mask"]
 
 
 @dataclass
@@ -135,6 +138,96 @@ def causal_tree_mask(lengths: Tensor, T: int) -> Tensor:
     return tri.expand(lengths.shape[0], T, T)
 
 
+@dataclass
+class PagedKV:
+    """A paged (vLLM-style) KV cache: fixed-size blocks shared by all rows, one block table per row.
+
+    pages        (n_layers, num_blocks, 2, n_kv_heads, block_size, head_dim), contiguous; index 0 of
+                 dim 2 is K, 1 is V. Layers are stacked so that ``kv_compact_paged`` moves every
+                 layer in one call. Unwritten slots must hold finite values (zeros): a masked key
+                 still multiplies its value by 0 in attention, and 0 * NaN is NaN.
+    block_table  (B, max_blocks) int32: logical slot s of row b lives in physical block
+                 ``block_table[b, s // block_size]`` at offset ``s % block_size``. Entries past a
+                 row's used slots may be anything (they are clamped when read and never written).
+    max_len      the logical length S each row attends over (default ``max_blocks * block_size``);
+                 decode results equal the contiguous cache's of the same S exactly.
+
+    The engine may change ``block_table`` in place between steps (new blocks as a row grows); the
+    blocks of slots a step writes must belong to that row alone.
+    """
+
+    pages: Tensor
+    block_table: Tensor
+    max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        op = "PagedKV"
+        if not isinstance(self.pages, Tensor) or self.pages.dim() != 6 or self.pages.shape[2] != 2:
+            shape = tuple(self.pages.shape) if isinstance(self.pages, Tensor) else type(self.pages).__name__
+            raise ValueError(f"{op}: pages must have shape (n_layers, num_blocks, 2, H_kv, block_size, D), got {shape}")
+        if not isinstance(self.block_table, Tensor) or self.block_table.dim() != 2:
+            raise ValueError(f"{op}: block_table must be a (B, max_blocks) int32 tensor")
+        if self.block_table.dtype != torch.int32:
+            raise TypeError(f"{op}: block_table must have dtype int32, got {self.block_table.dtype}")
+        if self.block_table.device != self.pages.device:
+            raise ValueError(f"{op}: block_table is on {self.block_table.device} but pages is on {self.pages.device}")
+        cap = self.capacity
+        if self.max_len is not None and not 1 <= self.max_len <= cap:
+            raise ValueError(f"{op}: max_len={self.max_len} must be in [1, max_blocks * block_size = {cap}]")
+
+    @property
+    def block_size(self) -> int:
+        return self.pages.shape[4]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pages.shape[1]
+
+    @property
+    def batch(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        """Logical slots a row can address: ``max_blocks * block_size``."""
+        return self.block_table.shape[1] * self.block_size
+
+    @property
+    def length(self) -> int:
+        """S: the logical slots each row attends over."""
+        return self.max_len if self.max_len is not None else self.capacity
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pages.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.pages.device
+
+    def block_of(self, slots: Tensor, *, for_write: bool = False) -> tuple[Tensor, Tensor]:
+        """Physical ``(block, offset)`` int64 of logical ``slots`` (B, T) of each row.
+
+        Reads clamp block ids into range (unused table entries may hold anything; what is read
+        there is masked out). Writes do not: an id outside ``[0, num_blocks)`` (negative ones
+        included) makes the indexing fail instead of corrupting another block.
+        """
+        bs = self.block_size
+        blocks = torch.gather(self.block_table, 1, slots // bs).to(torch.int64)
+        if for_write:
+            blocks = torch.where(blocks < 0, self.num_blocks, blocks)
+        else:
+            blocks = blocks.clamp(0, self.num_blocks - 1)
+        return blocks, slots % bs
+
+    def to_contiguous(self) -> Tensor:
+        """A contiguous copy ``(n_layers, 2, B, H_kv, S, D)`` of every row's S logical slots."""
+        slots = torch.arange(self.length, device=self.device).expand(self.batch, self.length)
+        blk, off = self.block_of(slots)
+        g = self.pages[:, blk, :, :, off]  # [B, S, n_layers, 2, H, D]
+        return g.permute(2, 3, 0, 4, 1, 5).contiguous()
+
+
 class LlamaTarget(nn.Module):
     """Llama causal LM with an explicit, caller-owned KV cache and tree attention."""
 
@@ -171,16 +264,49 @@ class LlamaTarget(nn.Module):
             dtype=dtype or w.dtype, device=w.device,
         )
 
+    def new_paged_kv_cache(
+        self, batch: int, max_len: int, block_size: int, *, num_blocks: int | None = None,
+        block_table: Tensor | None = None, dtype: torch.dtype | None = None,
+    ) -> PagedKV:
+        """Zeroed ``PagedKV`` whose rows attend over ``max_len`` slots in blocks of ``block_size``.
+
+        ``block_table`` (B, ceil(max_len / block_size)) int32 defaults to the identity layout
+        (row b owns blocks ``b*max_blocks ..``); ``num_blocks`` defaults to what the table uses.
+        """
+        c = self.config
+        w = self.embed_tokens.weight
+        if block_size < 1 or max_len < 1:
+            raise ValueError(f"new_paged_kv_cache: block_size={block_size} and max_len={max_len} must be >= 1")
+        max_blocks = -(-max_len // block_size)
+        if block_table is None:
+            block_table = torch.arange(batch * max_blocks, dtype=torch.int32, device=w.device).view(batch, max_blocks)
+        if tuple(block_table.shape) != (batch, max_blocks):
+            raise ValueError(f"new_paged_kv_cache: block_table must have shape (B, max_blocks) = "
+                             f"({batch}, {max_blocks}), got {tuple(block_table.shape)}")
+        if num_blocks is None:
+            num_blocks = int(block_table.max()) + 1 if block_table.numel() else 1  # sync-ok: allocation time
+        pages = torch.zeros(
+            c.num_hidden_layers, num_blocks, 2, c.num_key_value_heads, block_size, c.head_dim,
+            dtype=dtype or w.dtype, device=w.device,
+        )
+        return PagedKV(pages, block_table.to(device=w.device, dtype=torch.int32), max_len)
+
     def forward(
-        self, tokens: Tensor, positions: Tensor, tree_mask: Tensor, cache_len: Tensor, kv: Tensor
+        self, tokens: Tensor, positions: Tensor, tree_mask: Tensor, cache_len: Tensor, kv: Tensor | PagedKV
     ) -> tuple[Tensor, Tensor]:
         """Tree forward: see the module docstring. Fixed shapes, no host synchronisation.
+
+        ``kv`` is the contiguous cache tensor or a ``PagedKV``. Paged: the T new K/V go straight to
+        their blocks (one index_put per layer for K and one for V); attention then reads each row's S
+        logical slots through a gather into a contiguous ``(B, H_kv, S, D)`` K and V per layer (the
+        only copies the paged layout adds; the contiguous cache is read in place).
 
         Returns ``logits (B, T, V)`` float32 and ``hidden (B, T, H)`` (after the final norm).
         """
         c = self.config
         B, T = tokens.shape
-        S = kv.shape[4]
+        paged = isinstance(kv, PagedKV)
+        S = kv.length if paged else kv.shape[4]
         Hq, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         x = self.embed_tokens(tokens.to(torch.int64))  # [B, T, H]
 
@@ -196,7 +322,15 @@ class LlamaTarget(nn.Module):
         in_tree = (rel >= 0) & (rel < T)
         tree = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, S))
         visible = ((rel < 0)[:, None, :] | (in_tree[:, None, :] & tree))[:, None]  # [B, 1, T, S]
-        slots = (base[:, None] + torch.arange(T, device=tokens.device))[:, None, :, None].expand(B, Hkv, T, D)
+        new_slots = base[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
+        if paged:
+            # physical (block, offset) of the T written slots and of the S attended slots; the head
+            # index broadcasts so that one advanced index yields (B, H_kv, T or S) directly
+            heads = torch.arange(Hkv, device=tokens.device)[None, :, None]
+            w_blk, w_off = (t[:, None, :] for t in kv.block_of(new_slots, for_write=True))
+            r_blk, r_off = (t[:, None, :] for t in kv.block_of(torch.arange(S, device=tokens.device).expand(B, S)))
+        else:
+            slots = new_slots[:, None, :, None].expand(B, Hkv, T, D)
 
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.input_layernorm, c.rms_norm_eps)
@@ -205,10 +339,19 @@ class LlamaTarget(nn.Module):
             v = layer.v_proj(h).view(B, T, Hkv, D).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            kv[i, 0].scatter_(2, slots, k.to(kv.dtype))
-            kv[i, 1].scatter_(2, slots, v.to(kv.dtype))
+            if paged:
+                # fresh views (num_blocks, H_kv, bs, D) per use: autograd rejects an in-place write
+                # through a view taken before another write to the same pages
+                kv.pages[i, :, 0][w_blk, heads, w_off] = k.to(kv.dtype)
+                kv.pages[i, :, 1][w_blk, heads, w_off] = v.to(kv.dtype)
+                keys = kv.pages[i, :, 0][r_blk, heads, r_off]  # (B, H_kv, S, D)
+                values = kv.pages[i, :, 1][r_blk, heads, r_off]
+            else:
+                kv[i, 0].scatter_(2, slots, k.to(kv.dtype))
+                kv[i, 1].scatter_(2, slots, v.to(kv.dtype))
+                keys, values = kv[i, 0], kv[i, 1]
             attn = F.scaled_dot_product_attention(
-                q, kv[i, 0].to(q.dtype), kv[i, 1].to(q.dtype), attn_mask=visible, enable_gqa=Hq != Hkv
+                q, keys.to(q.dtype), values.to(q.dtype), attn_mask=visible, enable_gqa=Hq != Hkv
             )
             x = x + layer.o_proj(attn.transpose(1, 2).reshape(B, T, Hq * D))
             h = _rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps)

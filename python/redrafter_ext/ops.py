@@ -23,14 +23,14 @@ from ._checks import (
     check_verify_greedy,
     check_verify_sample,
 )
-from .reference import num_nodes_max
+from .reference import check_kv_compact_paged, num_nodes_max
 
-__all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "NATIVE_OPS", "CUDA_OPS"]
+__all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "kv_compact_paged", "NATIVE_OPS", "CUDA_OPS"]
 
 # which ops have a native kernel; the rest of this module re-exports the reference on purpose
-NATIVE_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact")
+NATIVE_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "kv_compact_paged")
 # ops with a CUDA kernel too (verify_sample's is still to be written: docs/verify_sample_cuda_notes.md)
-CUDA_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "kv_compact")
+CUDA_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "kv_compact", "kv_compact_paged")
 
 
 def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:
@@ -347,3 +347,53 @@ def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Te
 def _kv_compact_fake(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor) -> None:
     # in place, no outputs: only the metadata checks
     check_kv_compact(kv, cache_len, path_nodes, accept_len)
+
+
+def kv_compact_paged(
+    kv_pages: Tensor, block_table: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor
+) -> None:
+    """``kv_compact`` on a paged (vLLM-style) cache, in place, every layer in one call.
+
+    Logical slot s of row b lives in physical block ``block_table[b, s // block_size]`` at offset
+    ``s % block_size``. For each row b and ``i = 0..accept_len[b]``, logical slot
+    ``cache_len[b] + path_nodes[b, i]`` is copied to logical slot ``cache_len[b] + i`` in every
+    layer, K and V; then ``cache_len[b] += accept_len[b] + 1``. ``accept_len[b] == -1`` marks an
+    inactive row: nothing is read, copied or advanced. The CPU kernel checks every value before
+    anything is written (on error ``kv_pages`` and ``cache_len`` are unchanged); the CUDA kernel
+    reads no value on the host and leaves a row with out-of-range values untouched.
+
+    Parameters
+    ----------
+    kv_pages : Tensor
+        ``(n_layers, num_blocks, 2, H_kv, block_size, D)`` contiguous float32/float16/bfloat16
+        pages, layers stacked (modified).
+    block_table : Tensor
+        ``(B, max_blocks)`` int32; each row holds ``S = max_blocks * block_size`` logical slots. The
+        blocks of the slots a step reads or writes must be ids in ``[0, num_blocks)`` belonging to
+        one (row, logical block) each (checked on the CPU; the caller's contract on CUDA).
+    cache_len : Tensor
+        ``(B,)`` int32 in ``[0, S]`` (modified).
+    path_nodes : Tensor
+        ``(B, L)`` int32/int64 accepted path from ``verify_greedy``: ``path_nodes[b, i] >= i`` and
+        ``cache_len[b] + path_nodes[b, i] < S`` for ``i <= accept_len[b]``; ignored past it.
+    accept_len : Tensor
+        ``(B,)`` int32/int64 in ``[-1, L-1]``.
+
+    Examples
+    --------
+    >>> pages = torch.arange(8.0).reshape(1, 4, 1, 1, 2, 1).expand(1, 4, 2, 1, 2, 1).contiguous()
+    >>> table = torch.tensor([[3, 1]], dtype=torch.int32)  # logical slots 0..3 = blocks 3, 1
+    >>> cache_len = torch.tensor([0], dtype=torch.int32)
+    >>> kv_compact_paged(pages, table, cache_len, torch.tensor([[0, 2]]), torch.tensor([1]))  # 2 -> 1
+    >>> pages[0, :, 0, 0, :, 0].tolist(), cache_len.tolist()
+    ([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 2.0]], [2])
+    """
+    torch.ops.redrafter.kv_compact_paged(kv_pages, block_table, cache_len, path_nodes, accept_len)
+
+
+@torch.library.register_fake("redrafter::kv_compact_paged")
+def _kv_compact_paged_fake(
+    kv_pages: Tensor, block_table: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor
+) -> None:
+    # in place, no outputs: only the metadata checks
+    check_kv_compact_paged(kv_pages, block_table, cache_len, path_nodes, accept_len)

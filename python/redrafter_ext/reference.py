@@ -17,9 +17,13 @@ import torch
 from torch import Tensor
 
 from ._checks import (
+    FLOAT_DTYPES,
+    INT_DTYPES,
     check_beam_topk,
     check_build_trie,
     check_kv_compact,
+    check_shape,
+    check_tensor,
     check_tree_mask,
     check_verify_greedy,
     check_verify_sample,
@@ -32,6 +36,8 @@ __all__ = [
     "verify_greedy",
     "verify_sample",
     "kv_compact",
+    "kv_compact_paged",
+    "check_kv_compact_paged",
     "num_nodes_max",
     "sampling_probs",
     "sample_inverse_cdf",
@@ -416,4 +422,117 @@ def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Te
     shape = (n_layers, two, B, H, L, D)
     moved = torch.gather(kv, 4, src[None, None, :, None, :, None].expand(shape))
     kv.scatter_(4, slot[None, None, :, None, :, None].expand(shape), moved)
+    cache_len.add_((acc + 1).to(cache_len.dtype))
+
+
+def check_kv_compact_paged(
+    kv_pages: Tensor, block_table: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor
+) -> None:
+    """Metadata checks of ``kv_compact_paged`` (no values read); the native launchers check the same."""
+    op = "kv_compact_paged"
+    check_tensor(op, "kv_pages", kv_pages, "n_layers, num_blocks, 2, H_kv, block_size, D", FLOAT_DTYPES)
+    dev = kv_pages.device
+    check_tensor(op, "block_table", block_table, "B, max_blocks", (torch.int32,), dev)
+    check_tensor(op, "cache_len", cache_len, "B", (torch.int32,), dev)
+    check_tensor(op, "path_nodes", path_nodes, "B, L", INT_DTYPES, dev)
+    check_tensor(op, "accept_len", accept_len, "B", INT_DTYPES, dev)
+    _, num_blocks, two, _, block_size, _ = kv_pages.shape
+    if two != 2:
+        raise ValueError(f"{op}: kv_pages dim 2 must be 2 (K and V), got shape {tuple(kv_pages.shape)}")
+    if num_blocks < 1 or block_size < 1:
+        raise ValueError(
+            f"{op}: kv_pages must have num_blocks >= 1 and block_size >= 1, got shape {tuple(kv_pages.shape)}"
+        )
+    if not kv_pages.is_contiguous():
+        raise ValueError(f"{op}: kv_pages must be contiguous (it is updated in place)")
+    B, max_blocks = block_table.shape
+    check_shape(op, "cache_len", cache_len, (B,), "B")
+    check_shape(op, "accept_len", accept_len, (B,), "B")
+    if path_nodes.shape[0] != B:
+        raise ValueError(f"{op}: path_nodes must have shape (B, L) with B={B}, got {tuple(path_nodes.shape)}")
+    L, S = path_nodes.shape[1], max_blocks * block_size
+    if L < 1 or L > S:
+        raise ValueError(f"{op}: path_nodes length L={L} must be in [1, S={S}] (S = max_blocks * block_size)")
+
+
+def kv_compact_paged(
+    kv_pages: Tensor, block_table: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor
+) -> None:
+    """``kv_compact`` on a paged cache, in place: the accepted path's K/V, then ``cache_len``.
+
+    Logical slot s of row b lives in physical block ``block_table[b, s // block_size]`` at offset
+    ``s % block_size``. For each active row b and ``i = 0..accept_len[b]``, logical slot
+    ``cache_len[b] + path_nodes[b, i]`` is copied to logical slot ``cache_len[b] + i`` in every
+    layer, K and V; then ``cache_len[b] += accept_len[b] + 1``. ``accept_len[b] == -1``: inactive row
+    (nothing read, copied or advanced; its block table is not looked at).
+
+    Args:
+        kv_pages: ``(n_layers, num_blocks, 2, H_kv, block_size, D)`` contiguous, any float dtype
+            (modified). Layers are stacked so that one call (one launch) covers them all.
+        block_table: ``(B, max_blocks)`` int32; a row holds ``S = max_blocks * block_size`` slots.
+            The blocks of the slots a step reads or writes must hold ids in ``[0, num_blocks)`` and
+            belong to one (row, logical block) each (no block shared between them).
+        cache_len: ``(B,)`` int32 in ``[0, S]`` (modified).
+        path_nodes: ``(B, L)`` int, ``path_nodes[b, i] >= i`` and ``cache_len[b] + path_nodes[b, i] < S``
+            for ``i <= accept_len[b]``; ignored past it.
+        accept_len: ``(B,)`` int, -1..L-1.
+    """
+    check_kv_compact_paged(kv_pages, block_table, cache_len, path_nodes, accept_len)
+    n_layers, num_blocks, _, H, bs, D = kv_pages.shape
+    B, max_blocks = block_table.shape
+    if B == 0:
+        return
+    L = path_nodes.shape[1]
+    S = max_blocks * bs
+    dev = kv_pages.device
+    i = torch.arange(L, device=dev)
+    acc = accept_len.to(torch.int64)
+    base = cache_len.to(torch.int64)
+    path = path_nodes.to(torch.int64)
+    table = block_table.to(torch.int64)
+    valid = i[None, :] <= acc[:, None]  # [B, L]
+    op = "kv_compact_paged"
+    torch._assert_async(((acc >= -1) & (acc < L)).all(), f"{op}: accept_len must be in [-1, L-1]")
+    torch._assert_async(((base >= 0) & (base <= S)).all(), f"{op}: cache_len must be in [0, S = max_blocks * block_size]")
+    torch._assert_async((~valid | (path >= i[None, :])).all(), f"{op}: path_nodes must satisfy path_nodes[b, i] >= i")
+    torch._assert_async(
+        ((acc < 0) | (base + torch.where(valid, path, 0).amax(dim=1) < S)).all(),
+        f"{op}: cache_len + path_nodes exceeds the row capacity S = max_blocks * block_size",
+    )
+    # logical -> (logical block, physical block, offset); positions past accept_len are clamped into
+    # range so that every gather is legal (their values are never used)
+    src = (base[:, None] + torch.where(valid, path, 0)).clamp(0, S - 1)  # [B, L]
+    dst = (base[:, None] + i[None, :]).clamp(0, S - 1)
+    src_j, dst_j = src // bs, dst // bs
+    src_blk, dst_blk = torch.gather(table, 1, src_j), torch.gather(table, 1, dst_j)
+    blk = torch.cat([src_blk, dst_blk], 1)  # [B, 2L]
+    both = torch.cat([valid, valid], 1)
+    torch._assert_async(
+        (~both | ((blk >= 0) & (blk < num_blocks))).all(),
+        f"{op}: block_table holds a block id outside [0, num_blocks) for a slot that is read or written",
+    )
+    # no physical block reached from two (row, logical block) pairs: sort the touched blocks
+    # (untouched entries get distinct negative keys) and compare the owners of equal neighbours
+    owner = torch.arange(B, device=dev)[:, None] * max_blocks + torch.cat([src_j, dst_j], 1)
+    key = torch.where(both, blk, -1 - torch.arange(2 * B * L, device=dev).view(B, 2 * L)).flatten()
+    key, order = torch.sort(key, stable=True)
+    owner = owner.flatten()[order]
+    torch._assert_async(
+        ((key[1:] != key[:-1]) | (owner[1:] == owner[:-1])).all(),
+        f"{op}: a block a step reads or writes is shared by two (row, logical block) pairs of block_table",
+    )
+    # gather every source, then scatter. Positions past accept_len repeat the copy of the first
+    # accepted position of the batch (a self-copy of slot 0 of block 0 when there is none): their
+    # duplicate destinations carry the same value, so the scatter is deterministic.
+    src_blk, dst_blk = src_blk.clamp(0, num_blocks - 1), dst_blk.clamp(0, num_blocks - 1)
+    src_off, dst_off = src % bs, dst % bs
+    flat = valid.flatten()
+    first = torch.where(flat, torch.arange(B * L, device=dev), B * L).amin().clamp(max=B * L - 1).view(1)
+    has = flat.gather(0, first)  # (1,): gathers, not a 0-dim index (that would read it on the host)
+
+    def pick(t: Tensor) -> Tensor:
+        return torch.where(valid, t, torch.where(has, t.flatten().gather(0, first), 0))
+
+    moved = kv_pages[:, pick(src_blk), :, :, pick(src_off)]  # [B, L, n_layers, 2, H, D]
+    kv_pages[:, pick(dst_blk), :, :, pick(dst_off)] = moved
     cache_len.add_((acc + 1).to(cache_len.dtype))

@@ -52,7 +52,26 @@ rc::FloatType float_type(const py::array& a, int kind16) {
 
 }  // namespace
 
+// ---- kv_compact_paged (issue 8): self-contained, called once from the module body ----------------
+// kv_pages: C-contiguous (n_layers, num_blocks, 2, H, block_size, D), slot = D * itemsize bytes;
+// block_table int32 (B, max_blocks).
+static void bind_kv_compact_paged(py::module_& m) {
+  m.def("kv_compact_paged", [](py::array pages, py::array block_table, py::array cache_len, py::array path_nodes,
+                               py::array accept_len) {
+    const auto it = index_type(path_nodes);
+    if (index_type(accept_len) != it) throw std::invalid_argument("path_nodes and accept_len: one index dtype");
+    if (!(pages.flags() & py::array::c_style)) throw std::invalid_argument("kv_pages must be C-contiguous");
+    if (pages.ndim() != 6 || block_table.ndim() != 2) throw std::invalid_argument("kv_pages / block_table rank");
+    check(rc::kv_compact_paged(pages.mutable_data(), pages.shape(0), pages.shape(1), pages.shape(3), pages.shape(4),
+                               pages.shape(5) * pages.itemsize(), data<int32_t>(block_table, "block_table"),
+                               block_table.shape(0), block_table.shape(1), data<int32_t>(cache_len, "cache_len"),
+                               path_nodes.mutable_data(), accept_len.mutable_data(), it, path_nodes.shape(1), nullptr),
+          "kv_compact_paged");
+  });
+}
+
 PYBIND11_MODULE(redrafter_emu, m) {
+  bind_kv_compact_paged(m);  // issue 8
   m.def("set_seed", [](uint64_t seed) { redrafter_emu::set_seed(seed); });
   m.def("last_error", [] { return redrafter_emu::emu_error(); });
 
