@@ -1,0 +1,268 @@
+"""The Metal kernels (csrc/metal/*.metal) run on the CPU through the host shim (tests/shim/metal_shim.h
+plus the source rewrite of tests/emu/metal_build.py) and compared with ``redrafter_ext.reference``:
+integers exactly, float scores within a per-dtype tolerance.
+
+Each kernel runs under several schedule seeds: the seed drives the order in which the emulated
+threads of a threadgroup run between barriers and simd collectives, and the garbage that fills
+threadgroup memory when a group starts, so a missing barrier shows up as a wrong result (see the
+negative controls). The host side (buffer indices, parameter blocks, grid sizes) is
+tests/emu/metal_ops.py, which mirrors csrc/metal/dispatch.cpp (untested: no Metal here).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from redrafter_ext import reference as ref
+
+sys.path.insert(0, str(Path(__file__).parent / "emu"))
+import metal_build  # noqa: E402
+import metal_ops as mo  # noqa: E402
+
+SEEDS = (1, 2, 3)
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return metal_build.build()
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def run_seeds(emu, fn, *args, seeds=SEEDS, **kw):
+    for seed in seeds:
+        emu.set_seed(seed)
+        yield seed, fn(emu, *args, **kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# every .metal parses as C++ through the shim, and registers the kernels dispatch.cpp names
+
+
+@pytest.mark.parametrize("path", metal_build.kernel_sources(), ids=lambda p: p.name)
+def test_metal_sources_compile_through_the_shim(path):
+    r = metal_build.compile_one(path)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
+def test_kernel_names(emu):
+    names = set(emu.kernels())
+    expected = {"tree_mask_bool", "tree_mask_packed", "build_trie", "kv_advance", "beam_topk_merge"}
+    expected |= {f"kv_compact_{n}" for n in (16, 8, 4, 2, 1)}
+    for d in ("float32", "float16", "bfloat16"):
+        expected |= {f"verify_greedy_{d}", f"verify_sample_{d}", f"beam_topk_rows_{d}"}
+    assert expected <= names, sorted(expected - names)
+    dispatch = (Path(__file__).parents[1] / "csrc" / "metal" / "dispatch.cpp").read_text()
+    for n in ("tree_mask_bool", "tree_mask_packed", "build_trie", "kv_advance", "beam_topk_merge", "kv_compact_",
+              "verify_greedy_", "verify_sample_", "beam_topk_rows_", "redrafter_ext_mlx.metallib"):
+        assert f'"{n}' in dispatch, n
+
+
+# ------------------------------------------------------------------------------------------------
+# build_trie and tree_mask
+
+
+def check_trie(emu, beams):
+    exp = ref.build_trie(beams)
+    parent, n = exp[1], exp[4]
+    for seed, got in run_seeds(emu, mo.build_trie, beams):
+        for k, (a, b) in enumerate(zip(got, exp)):
+            assert torch.equal(a, b), f"build_trie output {k} (seed {seed})\n{a}\n{b}"
+    for packed in (False, True):
+        want = ref.tree_mask(parent, n, packed)
+        for seed, got in run_seeds(emu, mo.tree_mask, parent, n, packed):
+            assert torch.equal(got, want), f"tree_mask packed={packed} seed {seed}"
+
+
+@pytest.mark.parametrize("B,W,L", list(itertools.product((1, 3, 7), (1, 2, 8, 64), (1, 2, 5, 16))))
+def test_build_trie_and_tree_mask(emu, B, W, L):
+    g = gen(B * 1000 + W * 10 + L)
+    check_trie(emu, torch.randint(0, 3, (B, W, L), generator=g, dtype=torch.int32))  # heavy sharing
+    if W * L <= 128:
+        check_trie(emu, torch.randint(0, 32000, (B, W, L), generator=g))  # no sharing
+
+
+def test_build_trie_many_tiles(emu):
+    check_trie(emu, torch.randint(0, 2, (2, 64, 18), generator=gen(3)))  # W*(L-1) = 1088 > 1024 threads
+
+
+def test_tree_mask_padding_and_bad_parents(emu):
+    parent = torch.tensor([[-1, 0, 1, 0, 7, 2, -1], [-1, 0, 0, 2, 2, 3, 5]], dtype=torch.int32)
+    n = torch.tensor([5, 7], dtype=torch.int32)
+    fixed = parent.clone()
+    fixed[0, 4] = -1  # node 4's parent 7 is not a lower index: the walk stops there
+    for packed in (False, True):
+        for seed, got in run_seeds(emu, mo.tree_mask, parent, n, packed):
+            assert torch.equal(got, ref.tree_mask(fixed, n, packed)), seed
+
+
+# ------------------------------------------------------------------------------------------------
+# verify_greedy
+
+
+def greedy_logits(beams, beam_node, V, follow, seed, dtype=torch.float32):
+    g = gen(seed)
+    B, W, L = beams.shape
+    N = 1 + W * (L - 1)
+    logits = torch.randn(B, N, V, generator=g)
+    for b in range(B):
+        children = {}
+        for w, d in itertools.product(range(W), range(L - 1)):
+            children.setdefault(int(beam_node[b, w, d]), []).append(int(beams[b, w, d + 1]))
+        for node in range(N):
+            kids = children.get(node, [])
+            if kids and torch.rand((), generator=g) < follow:
+                tok = kids[int(torch.randint(0, len(kids), (), generator=g))]
+            else:
+                tok = int(torch.randint(0, V, (), generator=g))
+            logits[b, node, tok] = 10.0
+    return logits.to(dtype)
+
+
+def check_verify(emu, logits, beams, beam_node):
+    exp = ref.verify_greedy(logits, beams, beam_node)
+    for seed, got in run_seeds(emu, mo.verify_greedy, logits, beams, beam_node):
+        for k, (a, b) in enumerate(zip(got, exp)):
+            assert torch.equal(a, b), f"verify_greedy output {k} (seed {seed})\n{a}\n{b}"
+    return exp[0]
+
+
+@pytest.mark.parametrize(
+    "B,W,L,V,dtype",
+    [
+        (1, 1, 1, 111, torch.float32),
+        (1, 1, 2, 111, torch.float32),
+        (3, 2, 5, 111, torch.bfloat16),
+        (7, 8, 5, 111, torch.float16),
+        (1, 64, 5, 111, torch.float32),
+        (3, 40, 2, 111, torch.bfloat16),
+        (1, 8, 16, 111, torch.float32),
+        (1, 8, 5, 32000, torch.float16),
+    ],
+)
+def test_verify_greedy(emu, B, W, L, V, dtype):
+    beams = torch.randint(0, 4, (B, W, L), generator=gen(W + L))
+    beam_node = ref.build_trie(beams)[3]
+    seen = set()
+    for k, follow in enumerate((0.0, 0.9)):
+        logits = greedy_logits(beams, beam_node, V, follow, seed=k + V, dtype=dtype)
+        seen |= set(check_verify(emu, logits, beams, beam_node).tolist())
+    if L > 2 and B * W > 2:
+        assert len(seen) >= 2
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_verify_greedy_ties_nan_inf(emu, dtype):
+    beams = torch.randint(0, 3, (3, 4, 4), generator=gen(8))
+    beam_node = ref.build_trie(beams)[3]
+    logits = torch.randint(0, 2, (3, 13, 3), generator=gen(9)).to(dtype)
+    check_verify(emu, logits, beams, beam_node)
+    logits[1, 0, 2] = float("nan")
+    logits[2, :, :] = float("-inf")
+    check_verify(emu, logits, beams, beam_node)
+
+
+# ------------------------------------------------------------------------------------------------
+# kv_compact
+
+
+def kv_inputs(n_layers, B, H, S, D, L, dtype, seed):
+    g = gen(seed)
+    kv = torch.randn(n_layers, 2, B, H, S, D, generator=g).to(dtype)
+    acc = torch.randint(-1, L, (B,), generator=g)
+    path = torch.full((B, L), -1, dtype=torch.int64)
+    cache_len = torch.zeros(B, dtype=torch.int32)
+    for b in range(B):
+        a = int(acc[b])
+        for i in range(a + 1):
+            path[b, i] = i + int(torch.randint(0, S - L + 1, (), generator=g))
+        top = int(path[b, : a + 1].max()) if a >= 0 else -1
+        hi = S - 1 - top if a >= 0 else S
+        cache_len[b] = int(torch.randint(0, hi + 1, (), generator=g))
+        if b == 0 and a >= 0:
+            cache_len[b] = hi
+    return kv, cache_len, path, acc
+
+
+def check_kv(emu, kv, cache_len, path, acc):
+    k2, c2 = kv.clone(), cache_len.clone()
+    ref.kv_compact(k2, c2, path, acc)
+    for seed, (k1, c1) in run_seeds(emu, mo.kv_compact, kv, cache_len, path, acc):
+        assert torch.equal(c1, c2), seed
+        assert np.array_equal(mo.np_of(k1), mo.np_of(k2)), f"seed {seed}"
+
+
+@pytest.mark.parametrize("B", (1, 3, 7))
+@pytest.mark.parametrize("L", (1, 2, 5, 16))
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kv_compact(emu, B, L, dtype):
+    for k, D in enumerate((1, 64, 3, 4)):  # 2/4-byte units, 16-byte vectors, odd sizes
+        check_kv(emu, *kv_inputs(2, B, 3, 40, D, L, dtype, seed=k * 10 + B + L))
+
+
+def test_kv_compact_edges(emu):
+    kv, cache_len, path, acc = kv_inputs(1, 4, 2, 40, 8, 20, torch.float32, seed=1)
+    acc[:] = torch.tensor([-1, 19, 0, 18])  # > 16 positions: two register chunks
+    path[1] = torch.arange(20)
+    path[3, :19] = torch.arange(19) + 20
+    path[2, 0] = 0
+    cache_len[:] = torch.tensor([40, 0, 39, 1], dtype=torch.int32)
+    check_kv(emu, kv, cache_len, path, acc)
+    # out-of-range rows are left untouched (the MLX wrapper's checks would raise first)
+    kv, cache_len, path, acc = kv_inputs(1, 3, 2, 12, 4, 4, torch.float32, seed=2)
+    acc[:] = torch.tensor([7, 2, 1])
+    path[1, :3] = torch.tensor([0, 0, 5])  # path[1] < 1
+    path[2, :2] = torch.tensor([0, 1])
+    cache_len[2] = 3
+    emu.set_seed(1)
+    k1, c1 = mo.kv_compact(emu, kv, cache_len, path, acc)
+    assert c1.tolist() == [int(cache_len[0]), int(cache_len[1]), 5]
+    assert torch.equal(k1[:, :, :2], kv[:, :, :2])
+
+
+# ------------------------------------------------------------------------------------------------
+# negative controls: the shim must catch these bugs
+
+
+def test_negative_missing_barrier(emu):
+    expected = (np.arange(64)[::-1] * 7 + 1).astype(np.int32)
+    caught = 0
+    for seed in range(8):
+        for name in ("with_barrier", "missing_barrier"):
+            out = mo.poison(64)
+            emu.set_seed(seed)
+            emu.dispatch(name, [out], 1, 64)
+            if name == "with_barrier":
+                assert np.array_equal(out, expected)
+            else:
+                caught += not np.array_equal(out, expected)
+    assert caught >= 6, f"the missing barrier went unnoticed under {8 - caught} of 8 schedules"
+
+
+@pytest.mark.parametrize(
+    "which,pattern",
+    [
+        ("divergent_barrier", "different __syncthreads"),
+        ("exit_before_barrier", "exited"),
+        ("divergent_simd", "exited|deadlock"),
+    ],
+)
+def test_negative_divergence(emu, which, pattern):
+    for seed in SEEDS:
+        emu.set_seed(seed)
+        with pytest.raises(RuntimeError, match=pattern):
+            emu.dispatch(which, [mo.poison(64)], 1, 64)
+
+
+def test_negative_unbound_buffer(emu):
+    with pytest.raises(RuntimeError, match="did not set"):
+        emu.dispatch("with_barrier", [None], 1, 32)
