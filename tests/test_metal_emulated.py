@@ -12,6 +12,7 @@ tests/emu/metal_ops.py, which mirrors csrc/metal/dispatch.cpp (untested: no Meta
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from pathlib import Path
 
@@ -266,3 +267,148 @@ def test_negative_divergence(emu, which, pattern):
 def test_negative_unbound_buffer(emu):
     with pytest.raises(RuntimeError, match="did not set"):
         emu.dispatch("with_barrier", [None], 1, 32)
+
+
+# ------------------------------------------------------------------------------------------------
+# beam_topk
+
+
+def beam_inputs(B, W, V, L, D, dtype, step, seed, state_dtype=None):
+    g = gen(seed)
+    logits = (torch.randn(B, W, V, generator=g) * 3).to(dtype)
+    if step == 1:
+        scores = torch.full((B, W), float("-inf"))
+        scores[:, 0] = 0.0
+    else:
+        scores = -(torch.rand(B, W, generator=g) * 10).sort(dim=1).values
+    tokens = torch.randint(0, V, (B, W, L), generator=g)
+    state = torch.randn(B, W, D, generator=g).to(state_dtype or dtype)
+    return logits, scores, tokens, state, step
+
+
+def check_beam_topk(emu, args, atol=1e-5, seeds=SEEDS):
+    exp = ref.beam_topk(*args)
+    for seed, got in run_seeds(emu, mo.beam_topk, *args, seeds=seeds):
+        assert torch.equal(got[3], exp[3]), f"parent (seed {seed})\n{got[3]}\n{exp[3]}"
+        assert torch.equal(got[1], exp[1]), f"tokens (seed {seed})"
+        assert torch.equal(got[2], exp[2]), f"state (seed {seed})"
+        torch.testing.assert_close(got[0], exp[0], atol=atol, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("B,W,L,D", [(1, 1, 2, 1), (3, 2, 5, 64), (7, 8, 5, 1), (1, 64, 16, 3), (3, 17, 2, 1)])
+@pytest.mark.parametrize("step", (1, "last"))
+def test_beam_topk_small_vocab(emu, B, W, L, D, dtype, step):
+    step = L - 1 if step == "last" else step
+    check_beam_topk(emu, beam_inputs(B, W, 111, L, D, dtype, step, seed=B + W + L + step))
+
+
+@pytest.mark.parametrize("B,W,dtype", [(1, 8, torch.float32), (3, 2, torch.bfloat16), (1, 16, torch.float16)])
+def test_beam_topk_32000(emu, B, W, dtype):
+    check_beam_topk(emu, beam_inputs(B, W, 32000, 3, 4, dtype, 2, seed=W), seeds=SEEDS[:2])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_beam_topk_ties(emu, dtype):
+    # integer logits: exact ties everywhere, across beams (ties to the lower flat index)
+    B, W, V = 2, 8, 500
+    logits = torch.randint(0, 3, (B, W, V), generator=gen(5)).to(dtype)
+    tokens = torch.zeros(B, W, 3, dtype=torch.int32)
+    check_beam_topk(emu, (logits, torch.zeros(B, W), tokens, torch.randn(B, W, 2).to(dtype), 1))
+    # W > V: a row contributes only V candidates
+    check_beam_topk(emu, beam_inputs(2, 8, 5, 3, 2, dtype, 2, seed=6))
+    # few finite logits: -inf candidates fill the top-W by index
+    logits = torch.full((1, 4, 300), float("-inf"))
+    logits[0, :, 250] = 1.0
+    check_beam_topk(emu, (logits.to(dtype), torch.zeros(1, 4), tokens[:1, :4], torch.randn(1, 4, 2), 1))
+
+
+def test_beam_topk_nonfinite(emu):
+    logits, scores, tokens, state, step = beam_inputs(3, 4, 300, 3, 2, torch.float32, 2, seed=9)
+    logits[0, 1, 7] = float("nan")
+    logits[1, 2, :] = float("-inf")
+    logits[2, 0, 299] = float("inf")
+    scores[1, 0] = float("-inf")
+    check_beam_topk(emu, (logits, scores, tokens, state, step))
+    scores[2, 3] = float("inf")
+    check_beam_topk(emu, (logits, scores, tokens, state, step))
+
+
+def test_beam_topk_rounding_ties(emu):
+    # large scores: f = s + ((x - m) - logsum) rounds different x to equal f, ordered by index
+    g = gen(11)
+    logits = torch.randn(1, 4, 600, generator=g) * 1e-3
+    check_beam_topk(emu, (logits, torch.full((1, 4), 3.0e4), torch.zeros(1, 4, 3, dtype=torch.int64),
+                          torch.randn(1, 4, 1), 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# verify_sample: float32 on Metal, so exact equality with the float64 reference is asserted on the
+# rows whose reference result does not change when every uniform moves by +-DELTA (no decision
+# threshold near a uniform: float32 group sums are accurate to ~1e-6 of the mass); the other rows
+# are counted and must be a minority (at V = 32000 the final draw's tokens are ~3e-5 wide).
+DELTA = 3e-6
+
+
+def sample_inputs(B, W, L, V, dtype, follow, seed):
+    g = gen(seed)
+    beams = torch.randint(0, 4, (B, W, L), generator=g)
+    beam_node = ref.build_trie(beams)[3]
+    logits = greedy_logits(beams, beam_node, V, follow, seed, torch.float32)
+    # the followed token gets a probability that does not vanish with V (some drafts accepted)
+    logits = torch.where(logits == 10.0, 3.0 + math.log(V), logits * 0.5)
+    accept_u = torch.rand(B, max(L - 1, 0), W, generator=g)
+    sample_u = torch.rand(B, generator=g)
+    return logits.to(dtype), beams, beam_node, accept_u, sample_u
+
+
+def check_sample(emu, args, temperature, top_k, top_p, seeds=SEEDS):
+    logits, beams, beam_node, accept_u, sample_u = args
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    exp = ref.verify_sample(*args, **kw)
+    stable = torch.ones(beams.shape[0], dtype=torch.bool)
+    for delta in (-DELTA, DELTA):
+        moved = ref.verify_sample(logits, beams, beam_node, (accept_u + delta).clamp(0, 1 - 2**-24),
+                                  (sample_u + delta).clamp(0, 1 - 2**-24), **kw)
+        for a, b in zip(moved, exp):
+            stable &= (a == b).reshape(a.shape[0], -1).all(dim=1)
+    for seed, got in run_seeds(emu, mo.verify_sample, *args, seeds=seeds, **kw):
+        for k, (a, b) in enumerate(zip(got, exp)):
+            assert torch.equal(a[stable], b[stable]), f"verify_sample output {k} (seed {seed})\n{a}\n{b}\n{stable}"
+    return exp[0], int(stable.sum())
+
+
+@pytest.mark.parametrize(
+    "B,W,L,V,dtype,temperature,top_k,top_p",
+    [
+        (1, 1, 1, 111, torch.float32, 1.0, 0, 1.0),
+        (3, 2, 5, 111, torch.float32, 1.0, 0, 1.0),
+        (7, 8, 5, 111, torch.float16, 0.7, 0, 0.9),
+        (3, 4, 4, 111, torch.bfloat16, 1.5, 5, 1.0),
+        (3, 8, 3, 111, torch.float32, 1.0, 50, 0.5),
+        (1, 16, 5, 111, torch.float32, 0.5, 0, 0.8),
+        (3, 4, 3, 32000, torch.float32, 1.0, 0, 1.0),
+        (3, 4, 3, 32000, torch.bfloat16, 0.8, 40, 0.95),
+    ],
+)
+def test_verify_sample(emu, B, W, L, V, dtype, temperature, top_k, top_p):
+    seen, used, total = set(), 0, 0
+    for k, follow in enumerate((0.3, 0.95)):
+        args = sample_inputs(B, W, L, V, dtype, follow, seed=100 * k + B + W + L + V)
+        acc, n = check_sample(emu, args, temperature, top_k, top_p, seeds=SEEDS if V < 1000 else SEEDS[:1])
+        seen |= set(acc.tolist())
+        used, total = used + n, total + B
+    assert used >= total / 2, f"only {used} of {total} rows away from a threshold"
+    if L > 2 and B * W > 2:
+        assert len(seen) >= 2
+
+
+def test_verify_sample_greedy_and_ties(emu):
+    args = sample_inputs(3, 4, 4, 111, torch.float32, 0.9, seed=4)
+    for seed, got in run_seeds(emu, mo.verify_sample, *args, temperature=0.0):
+        for a, b in zip(got, ref.verify_greedy(*args[:3])):
+            assert torch.equal(a, b), seed
+    # a flat distribution: every p ties, top-p keeps a prefix of the ties in index order
+    logits, beams, beam_node, accept_u, sample_u = args
+    check_sample(emu, (torch.zeros_like(logits), beams, beam_node, accept_u, sample_u), 1.0, 0, 0.3)
+    check_sample(emu, (torch.zeros_like(logits), beams, beam_node, accept_u, sample_u), 1.0, 7, 1.0)

@@ -91,3 +91,22 @@ inline uint group_max_uint(uint v, threadgroup uint* scratch, uint tid, uint nth
   threadgroup_barrier(mem_flags::mem_threadgroup);
   return r;
 }
+
+// Exclusive prefix sum of float v over the threadgroup in thread order, and the total (the same
+// in every thread). scratch: 32 floats. Two barriers.
+inline float group_prefix_sum_float(float v, threadgroup float* scratch, uint tid, uint nthreads,
+                                    thread float& total) {
+  const uint lane = tid % 32u, sg = tid / 32u, n_sg = (nthreads + 31u) / 32u;
+  const float incl = simd_prefix_inclusive_sum(v);
+  if (lane == 31u) scratch[sg] = incl;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float before = 0.0f, sum = 0.0f;
+  for (uint s = 0; s < n_sg; ++s) {
+    const float c = scratch[s];
+    if (s < sg) before += c;
+    sum += c;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  total = sum;
+  return before + (incl - v);
+}

@@ -137,5 +137,5 @@ def verify_sample(emu, logits, beams, beam_node, accept_u, sample_u, temperature
     p = _verify_params(emu, logits, beams, temperature, top_k, top_p)
     emu.dispatch(f"verify_sample_{DTYPE_NAME[logits.dtype]}",
                  [np_of(logits), i32(beams), i32(beam_node), np_of(accept_u.float()), np_of(sample_u.float()),
-                  *outs, probs, p], B, 1024)
+                  *outs, probs, p], B, threads_for((V + 7) // 8))
     return [torch.from_numpy(o) for o in outs]
