@@ -8,7 +8,8 @@
 //     buffer(0) logits [B*W, V] (dtype)   buffer(1) scores [B*W] float32
 //     buffer(2) row_f [B*W, W] float32 (out, workspace)   buffer(3) row_i [B*W, W] int32 (out, workspace)
 //     buffer(4) BeamTopkParams {W, V, L, step, C, state_units}
-//     Grid: B*W threadgroups; threadgroup: 256 threads (any multiple of 32 up to 1024).
+//     Grid: B*W threadgroups; threadgroup: min(256, max(32, V / 8 rounded up to 32)) threads (any
+//     multiple of 32 up to 1024 is correct).
 //     max (the order key's maximum, NaN-propagating like amax), log-sum-exp with a compensated
 //     float sum (no double in MSL), then the row's top-C (C = min(W, V)) candidates by
 //     (f desc, index asc): exact radix select on the 32-bit order key of f (4 passes of 8 bits,
@@ -19,7 +20,8 @@
 //     buffer(4) scores_out [B, W] float32 (out)   buffer(5) tokens_out [B, W, L] int32 (out)
 //     buffer(6) state_out [B, W, state_units] (out)   buffer(7) parent_out [B, W] int32 (out)
 //     buffer(8) order [B, W] int32 (out, workspace)   buffer(9) BeamTopkParams
-//     Grid: B threadgroups; threadgroup: 256 threads. Each of the W*C candidates counts the
+//     Grid: B threadgroups; threadgroup: min(256, max(32, W*C rounded up to 32)) threads (any
+//     multiple of 32). Each of the W*C candidates counts the
 //     candidates before it (f desc, position asc: positions w*C + j increase with the flat
 //     index); ranks < W are the result. Then the gathers.
 // NaN rows (a NaN or +inf logit, all -inf), -inf scores and +inf scores need no special case:

@@ -12,6 +12,10 @@
 //   kv_advance   buffer(0) cache_len [B] int32 (in/out)   buffer(1) path_nodes   buffer(2) accept_len
 //                buffer(3) KvCompactParams. Grid: ceil(B / 256) threadgroups of 256 threads.
 //                Encoded after kv_compact_<n> (which reads cache_len).
+//   kv_copy_<n>  buffer(0) src [count] units of n bytes   buffer(1) dst [count] (out)
+//                buffer(2) uint count. Grid: min(ceil(count / 256), 65535) threadgroups of 256
+//                threads (grid-stride). The host copies kv / cache_len into fresh outputs with it
+//                when MLX cannot donate the input buffers to the in-place op.
 // Thread g owns one vector column c of one (layer, K/V, row, head) unit u: it gathers the column
 // of the accepted sources (16 at a time in registers) and then scatters them, so no two threads
 // touch the same bytes and, since path_nodes[i] >= i, a source is never a destination of an
@@ -78,8 +82,23 @@ template <typename Vec>
   if (a >= 0) cache_len[b] += int(a + 1);
 }
 
+template <typename Vec>
+[[kernel]] void kv_copy(device const Vec* src [[buffer(0)]],
+                        device Vec* dst [[buffer(1)]],
+                        constant uint& count [[buffer(2)]],
+                        uint gid [[thread_position_in_grid]],
+                        uint n_groups [[threadgroups_per_grid]],
+                        uint nthreads [[threads_per_threadgroup]]) {
+  for (ulong i = gid; i < count; i += ulong(n_groups) * nthreads) dst[i] = src[i];
+}
+
 instantiate_kernel("kv_compact_16", kv_compact, uint4)
 instantiate_kernel("kv_compact_8", kv_compact, uint2)
 instantiate_kernel("kv_compact_4", kv_compact, uint)
 instantiate_kernel("kv_compact_2", kv_compact, ushort)
 instantiate_kernel("kv_compact_1", kv_compact, uchar)
+instantiate_kernel("kv_copy_16", kv_copy, uint4)
+instantiate_kernel("kv_copy_8", kv_copy, uint2)
+instantiate_kernel("kv_copy_4", kv_copy, uint)
+instantiate_kernel("kv_copy_2", kv_copy, ushort)
+instantiate_kernel("kv_copy_1", kv_copy, uchar)

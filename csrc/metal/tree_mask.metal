@@ -5,7 +5,8 @@
 //                     buffer(2) mask [B, N, N] bool (out)  buffer(3) TreeMaskParams {N, words}
 //   tree_mask_packed  as tree_mask_bool with buffer(2) words [B, N, words] int32 (out), bit j % 32
 //                     of word j / 32 set when node j is an ancestor-or-self of node i (LSB first)
-// Grid: B threadgroups; threadgroup: 256 threads (any multiple of 32 works).
+// Grid: B threadgroups; threadgroup: min(256, max(32, N rounded up to 32)) threads (any multiple
+// of 32 works).
 // Rows >= num_nodes[b] see only themselves; a parent that is not a lower node index ends the
 // ancestor walk (as if -1), so malformed input never reads out of bounds.
 #include "common.h"

@@ -151,6 +151,53 @@ def compile_one(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
+# Just enough of metal-cpp's <Metal/Metal.hpp> for MLX's metal headers to parse: dispatch.cpp is
+# then syntax-checked against the installed MLX headers (it cannot be compiled for real here).
+METAL_HPP_STUB = """#pragma once
+#include <cstddef>
+#include <cstdint>
+namespace NS {
+using UInteger = unsigned long;
+template <class T> class SharedPtr { public: T* get() const { return p; } T* operator->() const { return p; }
+ private: T* p = nullptr; };
+class AutoreleasePool;
+class Error;
+class String;
+}
+namespace MTL {
+struct Size { Size(NS::UInteger, NS::UInteger, NS::UInteger) {} };
+enum class DataType { None };
+class Allocation {};
+class Resource : public Allocation {};
+class Buffer : public Resource {};
+class Library {};
+class Function {};
+class LinkedFunctions {};
+class Fence {};
+class Device {};
+class CommandQueue {};
+class CommandBuffer {};
+class ResidencySet {};
+class ComputePipelineState { public: NS::UInteger maxTotalThreadsPerThreadgroup() const; };
+class ComputeCommandEncoder { public: void setComputePipelineState(ComputePipelineState*);
+  void setBytes(const void*, NS::UInteger, NS::UInteger); void setThreadgroupMemoryLength(NS::UInteger, NS::UInteger); };
+}
+"""
+
+
+def check_dispatch_syntax() -> subprocess.CompletedProcess:
+    """g++ -fsyntax-only of csrc/metal/dispatch.cpp against MLX's headers and a metal-cpp stub."""
+    import mlx  # the installed MLX provides the headers
+
+    stub = CACHE / "metal_cpp_stub" / "Metal"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "Metal.hpp").write_text(METAL_HPP_STUB)
+    inc = Path(mlx.__path__[0]) / "include"
+    cmd = [CXX, "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
+           "-isystem", str(stub.parent), "-isystem", str(inc), "-I", str(ROOT / "csrc"), str(METAL / "dispatch.cpp")]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 def build():
     """Compile what is missing, link, import; returns the module."""
     stage, srcs, digest = _stage()

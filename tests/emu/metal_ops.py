@@ -52,7 +52,8 @@ def tree_mask(emu, node_parent: torch.Tensor, num_nodes: torch.Tensor, packed: b
     words = (N + 31) // 32
     out = poison(B, N, words) if packed else np.ones((B, N, N), dtype=np.bool_)
     p = pack(emu, "TreeMaskParams", N=N, words=words)
-    emu.dispatch("tree_mask_packed" if packed else "tree_mask_bool", [i32(node_parent), i32(num_nodes), out, p], B, 256)
+    emu.dispatch("tree_mask_packed" if packed else "tree_mask_bool", [i32(node_parent), i32(num_nodes), out, p], B,
+                 threads_for(N, 256))
     return torch.from_numpy(out)
 
 
@@ -81,17 +82,31 @@ def verify_greedy(emu, logits: torch.Tensor, beams: torch.Tensor, beam_node: tor
     return [torch.from_numpy(o) for o in outs]
 
 
-def kv_compact(emu, kv: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor, accept_len: torch.Tensor):
-    """Returns the compacted (kv, cache_len); the inputs are not modified."""
+def _copy(emu, src: np.ndarray) -> np.ndarray:
+    """kv_copy_<n> into a garbage-filled array (dispatch.cpp's path when MLX cannot donate)."""
+    dst = np.frombuffer(np.random.default_rng(0).bytes(src.nbytes), dtype=src.dtype).reshape(src.shape).copy()
+    s, d = src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8)
+    n = next(n for n in (16, 8, 4, 2, 1) if s.size % n == 0 and s.ctypes.data % n == 0 and d.ctypes.data % n == 0)
+    count = np.array([s.size // n], dtype=np.uint32)
+    emu.dispatch(f"kv_copy_{n}", [s, d, count], max(1, min(65535, (int(count[0]) + 255) // 256)), 256)
+    return dst
+
+
+def kv_compact(emu, kv: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor, accept_len: torch.Tensor,
+               donate: bool = True):
+    """Returns the compacted (kv, cache_len); the inputs are not modified. donate=False copies the
+    inputs with kv_copy first, as dispatch.cpp does when MLX cannot reuse the input buffers."""
     n_layers, two, B, H, S, D = kv.shape
     L = path_nodes.shape[1]
     kv_np = np.ascontiguousarray(np_of(kv))
+    cl = i32(cache_len).copy()
+    if not donate:
+        kv_np, cl = _copy(emu, kv_np), _copy(emu, cl)
     raw = kv_np.reshape(-1).view(np.uint8)
     slot = D * kv.element_size()
     vec = next(n for n in (16, 8, 4, 2, 1) if slot % n == 0 and raw.ctypes.data % n == 0)
     units = n_layers * 2 * B * H
     p = pack(emu, "KvCompactParams", units=units, B=B, H=H, S=S, vecs=slot // vec, L=L)
-    cl = i32(cache_len).copy()
     groups = max(1, min(65535, (units * (slot // vec) + 255) // 256))
     emu.dispatch(f"kv_compact_{vec}", [raw, cl, i32(path_nodes), i32(accept_len), p], groups, 256)
     emu.dispatch("kv_advance", [cl, i32(path_nodes), i32(accept_len), p], max(1, (B + 255) // 256), 256)
@@ -115,9 +130,10 @@ def beam_topk(emu, logits, scores, tokens, state, step: int):
     state_out = np.full((B, W, state_units), 0x7777, dtype=np.uint16)
     p = pack(emu, "BeamTopkParams", W=W, V=V, L=L, step=step, C=C, state_units=state_units)
     name = DTYPE_NAME[logits.dtype]
-    emu.dispatch(f"beam_topk_rows_{name}", [np_of(logits), np_of(scores.float()), row_f, row_i, p], B * W, 256)
+    emu.dispatch(f"beam_topk_rows_{name}", [np_of(logits), np_of(scores.float()), row_f, row_i, p], B * W,
+                 threads_for((V + 7) // 8, 256))
     emu.dispatch("beam_topk_merge", [row_f, row_i, i32(tokens), state_in, scores_out, tokens_out, state_out,
-                                     parent_out, order, p], B, 256)
+                                     parent_out, order, p], B, threads_for(W * C, 256))
     st = torch.from_numpy(state_out.view(np.int16).copy()).view(torch.int16)
     if state.dtype == torch.float32:
         st = st.view(torch.int32).view(torch.float32)
