@@ -28,8 +28,6 @@
 // the expression gives the reference's NaN / -inf values and the key order the reference's ranks.
 #include "common.h"
 
-inline float key_to_float(uint k) { return as_type<float>((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
-
 // The reference's candidate value, operation for operation.
 inline float candidate(float s, float x, float m, float logsum) { return s + ((x - m) - logsum); }
 
@@ -39,8 +37,6 @@ inline void two_sum(float a, float b, thread float& s, thread float& e) {
   const float bb = s - a;
   e = (a - (s - bb)) + (b - bb);
 }
-
-constant constexpr int kItems = 8;  // positions per thread per tile of the ordered compaction
 
 template <typename T>
 inline float cand_at(device const T* row, long i, float s, float m, float logsum) {
@@ -131,23 +127,25 @@ template <typename T>
     threadgroup_barrier(mem_flags::mem_threadgroup);  // digit is rewritten by the next pass
   }
 
-  // ordered compaction: kItems consecutive positions per thread and tile, in position order
+  // ordered compaction: kScanItems consecutive positions per thread and tile, in position order
   const uint thr = prefix;
   int taken = 0, eq_seen = 0;
-  const long tile = long(nthreads) * kItems;
+  const long tile = long(nthreads) * kScanItems;
   for (long t0 = 0; t0 < V && taken < C; t0 += tile) {
-    const long first = t0 + long(tid) * kItems;
+    const long first = t0 + long(tid) * kScanItems;
     int eq = 0;
-    for (int j = 0; j < kItems && first + j < V; ++j) eq += order_key(cand_at(row, first + j, s, m, logsum)) == thr;
+    for (int j = 0; j < kScanItems && first + j < V; ++j) {
+      eq += order_key(cand_at(row, first + j, s, m, logsum)) == thr;
+    }
     int eq_total = 0, sel_total = 0;
     const int eq_before = eq_seen + group_prefix_sum(eq, scratch, tid, nthreads, eq_total);
     int sel = 0;
-    for (int j = 0, e = eq_before; j < kItems && first + j < V; ++j) {
+    for (int j = 0, e = eq_before; j < kScanItems && first + j < V; ++j) {
       const uint u = order_key(cand_at(row, first + j, s, m, logsum));
       sel += u > thr || (u == thr && e++ < need);
     }
     int pos = taken + group_prefix_sum(sel, scratch, tid, nthreads, sel_total);
-    for (int j = 0, e = eq_before; j < kItems && first + j < V; ++j) {
+    for (int j = 0, e = eq_before; j < kScanItems && first + j < V; ++j) {
       const float f = cand_at(row, first + j, s, m, logsum);
       const uint u = order_key(f);
       if (u > thr || (u == thr && e++ < need)) {

@@ -42,6 +42,12 @@ inline uint order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The float whose order_key is k (inverse of order_key for non-NaN keys).
+inline float key_to_float(uint k) { return as_type<float>((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
+
+// Contiguous positions per thread per tile in the index-order scans (ordered compaction, ranks).
+constant constexpr int kScanItems = 8;
+
 // Exclusive prefix sum of v over the threadgroup in thread order, and the group total (in every
 // thread). scratch: 32 ints of threadgroup memory. Two barriers.
 inline int group_prefix_sum(int v, threadgroup int* scratch, uint tid, uint nthreads, thread int& total) {

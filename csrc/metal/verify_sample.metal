@@ -31,14 +31,6 @@
 // next_token -1; a draft token outside [0, V) is rejected.
 #include "common.h"
 
-constant constexpr int kItems = 8;  // contiguous positions per thread in the index-order scans
-
-struct Scratch {
-  threadgroup float* f;
-  threadgroup int* i;
-  threadgroup uint* u;
-};
-
 // Largest-k radix select: the k-th largest 32-bit key among keys[0..V) (computed by key_of).
 template <typename T>
 inline uint kth_largest_x_key(device const T* row, long V, float inv_t, int k, threadgroup atomic_uint* hist,
@@ -72,29 +64,30 @@ inline uint kth_largest_x_key(device const T* row, long V, float inv_t, int k, t
   return prefix;
 }
 
-inline float key_to_float(uint k) { return as_type<float>((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
-
 // Sum of the p whose bit pattern is above `key` (p >= 0: bit patterns order like the values).
-inline float mass_above(device const float* q, long V, uint key, Scratch sc, uint tid, uint nthreads) {
+inline float mass_above(device const float* q, long V, uint key, threadgroup float* sf, uint tid, uint nthreads) {
   float s = 0.0f;
   for (long i = tid; i < V; i += nthreads) s += as_type<uint>(q[i]) > key ? q[i] : 0.0f;
-  return group_sum(s, sc.f, tid, nthreads);
+  return group_sum(s, sf, tid, nthreads);
 }
 
 // q[0..V) = the sampling distribution of one logits row (see the header).
 template <typename T>
-inline void node_probs(device const T* row, device float* q, constant VerifyParams& p, Scratch sc,
+inline void node_probs(device const T* row, device float* q, constant VerifyParams& p, threadgroup float* sf,
+                       threadgroup int* si, threadgroup uint* su,
                        threadgroup atomic_uint* hist, threadgroup uint* digit, uint tid, uint nthreads) {
   const long V = p.V;
   const float inv_t = p.inv_temperature;
   float thr = neg_inf();
-  if (p.top_k > 0 && p.top_k < V) thr = key_to_float(kth_largest_x_key(row, V, inv_t, p.top_k, hist, digit, tid, nthreads));
+  if (p.top_k > 0 && p.top_k < V) {
+    thr = key_to_float(kth_largest_x_key(row, V, inv_t, p.top_k, hist, digit, tid, nthreads));
+  }
   uint kmax = 0;
   for (long i = tid; i < V; i += nthreads) {
     const float x = to_float(row[i]) * inv_t;
     if (x >= thr) kmax = max(kmax, order_key(x));
   }
-  const float m = key_to_float(group_max_uint(kmax, sc.u, tid, nthreads));
+  const float m = key_to_float(group_max_uint(kmax, su, tid, nthreads));
   float z = 0.0f;
   for (long i = tid; i < V; i += nthreads) {
     const float x = to_float(row[i]) * inv_t;
@@ -102,19 +95,19 @@ inline void node_probs(device const T* row, device float* q, constant VerifyPara
     q[i] = e;
     z += e;
   }
-  z = group_sum(z, sc.f, tid, nthreads);
+  z = group_sum(z, sf, tid, nthreads);
   for (long i = tid; i < V; i += nthreads) q[i] = q[i] / z;  // the same thread wrote q[i]
   threadgroup_barrier(mem_flags::mem_device);
   if (!(p.top_p < 1.0f)) return;
 
   // smallest key tau with mass_above(tau) < top_p: the key of the last kept (sorted) element
   uint lo = 0, hi = 0x7f800000u;
-  if (mass_above(q, V, 0u, sc, tid, nthreads) < p.top_p) {
+  if (mass_above(q, V, 0u, sf, tid, nthreads) < p.top_p) {
     hi = 0;
   } else {
     while (hi - lo > 1u) {  // mass_above(lo) >= top_p > mass_above(hi)
       const uint mid = lo + (hi - lo) / 2u;
-      if (mass_above(q, V, mid, sc, tid, nthreads) < p.top_p) {
+      if (mass_above(q, V, mid, sf, tid, nthreads) < p.top_p) {
         hi = mid;
       } else {
         lo = mid;
@@ -122,11 +115,11 @@ inline void node_probs(device const T* row, device float* q, constant VerifyPara
     }
   }
   const uint tau = hi;
-  const float above = mass_above(q, V, tau, sc, tid, nthreads);
+  const float above = mass_above(q, V, tau, sf, tid, nthreads);
   const float p_tau = as_type<float>(tau);
   int ties = 0;
   for (long i = tid; i < V; i += nthreads) ties += as_type<uint>(q[i]) == tau;
-  ties = group_sum_int(ties, sc.i, tid, nthreads);
+  ties = group_sum_int(ties, si, tid, nthreads);
   // ties are kept in index order while the exclusive running mass is below top_p
   int keep = 0;
   float run = above;
@@ -136,14 +129,14 @@ inline void node_probs(device const T* row, device float* q, constant VerifyPara
   }
   // drop what is below tau and the ties past `keep` (their rank in index order: a tiled scan)
   int seen = 0;
-  const long tile = long(nthreads) * kItems;
+  const long tile = long(nthreads) * kScanItems;
   for (long t0 = 0; t0 < V; t0 += tile) {
-    const long first = t0 + long(tid) * kItems;
+    const long first = t0 + long(tid) * kScanItems;
     int mine = 0;
-    for (int j = 0; j < kItems && first + j < V; ++j) mine += as_type<uint>(q[first + j]) == tau;
+    for (int j = 0; j < kScanItems && first + j < V; ++j) mine += as_type<uint>(q[first + j]) == tau;
     int total = 0;
-    int rank = seen + group_prefix_sum(mine, sc.i, tid, nthreads, total);
-    for (int j = 0; j < kItems && first + j < V; ++j) {
+    int rank = seen + group_prefix_sum(mine, si, tid, nthreads, total);
+    for (int j = 0; j < kScanItems && first + j < V; ++j) {
       const uint k = as_type<uint>(q[first + j]);
       if (k < tau || (k == tau && rank++ >= keep)) q[first + j] = 0.0f;
     }
@@ -152,38 +145,39 @@ inline void node_probs(device const T* row, device float* q, constant VerifyPara
   threadgroup_barrier(mem_flags::mem_device);
   float z2 = 0.0f;
   for (long i = tid; i < V; i += nthreads) z2 += q[i];
-  z2 = group_sum(z2, sc.f, tid, nthreads);
+  z2 = group_sum(z2, sf, tid, nthreads);
   for (long i = tid; i < V; i += nthreads) q[i] = q[i] / z2;
   threadgroup_barrier(mem_flags::mem_device);
 }
 
 // reference.sample_inverse_cdf of q at u.
-inline int inverse_cdf(device const float* q, long V, float u, Scratch sc, uint tid, uint nthreads) {
+inline int inverse_cdf(device const float* q, long V, float u, threadgroup float* sf, threadgroup int* si,
+                       threadgroup uint* su, uint tid, uint nthreads) {
   float total = 0.0f;
   uint last_pos = 0;
   for (long i = tid; i < V; i += nthreads) {
     total += q[i];
     if (q[i] > 0.0f) last_pos = max(last_pos, uint(i));
   }
-  total = group_sum(total, sc.f, tid, nthreads);
-  last_pos = group_max_uint(last_pos, sc.u, tid, nthreads);
+  total = group_sum(total, sf, tid, nthreads);
+  last_pos = group_max_uint(last_pos, su, tid, nthreads);
   const float thr = u * total;
   float carry = 0.0f;
   int count = 0;
-  const long tile = long(nthreads) * kItems;
+  const long tile = long(nthreads) * kScanItems;
   for (long t0 = 0; t0 < V; t0 += tile) {
-    const long first = t0 + long(tid) * kItems;
+    const long first = t0 + long(tid) * kScanItems;
     float mine = 0.0f;
-    for (int j = 0; j < kItems && first + j < V; ++j) mine += q[first + j];
+    for (int j = 0; j < kScanItems && first + j < V; ++j) mine += q[first + j];
     float tile_total = 0.0f;
-    float c = carry + group_prefix_sum_float(mine, sc.f, tid, nthreads, tile_total);
-    for (int j = 0; j < kItems && first + j < V; ++j) {
+    float c = carry + group_prefix_sum_float(mine, sf, tid, nthreads, tile_total);
+    for (int j = 0; j < kScanItems && first + j < V; ++j) {
       c += q[first + j];
       count += c <= thr;
     }
     carry += tile_total;
   }
-  count = group_sum_int(count, sc.i, tid, nthreads);
+  count = group_sum_int(count, si, tid, nthreads);
   return min(count, int(last_pos));
 }
 
@@ -207,10 +201,6 @@ template <typename T>
   threadgroup uint uscratch[32];
   threadgroup atomic_uint hist[256];
   threadgroup uint digit[2];
-  Scratch sc;
-  sc.f = fscratch;
-  sc.i = iscratch;
-  sc.u = uscratch;
   const long W = p.W, L = p.L, V = p.V, R = p.n_rows;
   device const int* tok = beams + long(b) * W * L;
   device const int* bn = beam_node + long(b) * W * L;
@@ -220,7 +210,7 @@ template <typename T>
   long cur = bn[0];
   long a = 0;
   bool valid = cur >= 0 && cur < R;  // uniform: every thread reads the same values
-  if (valid) node_probs(rows + cur * V, q, p, sc, hist, digit, tid, nthreads);
+  if (valid) node_probs(rows + cur * V, q, p, fscratch, iscratch, uscratch, hist, digit, tid, nthreads);
   for (long d = 0; valid && d + 1 < L; ++d) {
     long child = -1;
     int rank = 0;
@@ -235,7 +225,7 @@ template <typename T>
       const float pt = t >= 0 && t < V ? q[t] : 0.0f;
       float mass = 0.0f;
       for (long i = tid; i < V; i += nthreads) mass += q[i];
-      mass = group_sum(mass, sc.f, tid, nthreads);
+      mass = group_sum(mass, fscratch, tid, nthreads);
       const float u = accept_u[(long(b) * (L - 1) + d) * W + rank];
       ++rank;
       if (u * mass < pt) {
@@ -249,9 +239,9 @@ template <typename T>
     cur = child;
     ++a;
     valid = cur >= 0 && cur < R;
-    if (valid) node_probs(rows + cur * V, q, p, sc, hist, digit, tid, nthreads);
+    if (valid) node_probs(rows + cur * V, q, p, fscratch, iscratch, uscratch, hist, digit, tid, nthreads);
   }
-  const int next = valid ? inverse_cdf(q, V, sample_u[b], sc, tid, nthreads) : -1;
+  const int next = valid ? inverse_cdf(q, V, sample_u[b], fscratch, iscratch, uscratch, tid, nthreads) : -1;
   long best = 0;
   while (best < W - 1 && bn[best * L + a] != cur) ++best;
   for (long i = tid; i < L; i += nthreads) path_nodes[long(b) * L + i] = i <= a ? bn[best * L + i] : -1;

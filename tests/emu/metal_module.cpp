@@ -30,7 +30,9 @@ PYBIND11_MODULE(redrafter_metal_emu, m) {
     for (size_t k = 0; k < buffers.size(); ++k) {
       if (buffers[k].is_none()) continue;
       py::array a = buffers[k].cast<py::array>();
-      if (!(a.flags() & py::array::c_style)) throw std::invalid_argument("buffer " + std::to_string(k) + " must be C-contiguous");
+      if (!(a.flags() & py::array::c_style)) {
+        throw std::invalid_argument("buffer " + std::to_string(k) + " must be C-contiguous");
+      }
       b.buf[k] = a.mutable_data();
     }
     const std::string err = mtl_emu::dispatch(name, b, groups, threads);
