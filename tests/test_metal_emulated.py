@@ -431,3 +431,13 @@ def test_verify_sample_greedy_and_ties(emu):
     logits, beams, beam_node, accept_u, sample_u = args
     check_sample(emu, (torch.zeros_like(logits), beams, beam_node, accept_u, sample_u), 1.0, 0, 0.3)
     check_sample(emu, (torch.zeros_like(logits), beams, beam_node, accept_u, sample_u), 1.0, 7, 1.0)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 0.9)])
+def test_verify_sample_nonfinite_rows(emu, top_k, top_p):
+    # a NaN logit or an all -inf row makes the reference's p NaN: every child is rejected and the
+    # next token is 0; the kernel reaches the same outputs
+    logits, beams, beam_node, accept_u, sample_u = sample_inputs(3, 4, 3, 111, torch.float32, 0.9, seed=12)
+    logits[0, 0, 5] = float("nan")
+    logits[1, 0, :] = float("-inf")
+    check_sample(emu, (logits, beams, beam_node, accept_u, sample_u), 1.0, top_k, top_p)

@@ -26,9 +26,9 @@
 // Numerics: the reference computes in float64 with sequential sums; here every sum is a float32
 // group reduction. The integer outputs equal the reference's unless a uniform lands within the
 // float32 rounding of a decision threshold (~1e-6 of the mass); tests compare on uniforms whose
-// decisions do not change when moved by 3e-6. NaN logits are not supported (the reference's NaN
-// propagation is not reproduced). A node id outside [0, n_rows) stops the walk there with
-// next_token -1; a draft token outside [0, V) is rejected.
+// decisions do not change when moved by 3e-6. NaN logits propagate as in the reference (tested:
+// a NaN or an all -inf row rejects every child and draws token 0). A node id outside [0, n_rows)
+// stops the walk there with next_token -1; a draft token outside [0, V) is rejected.
 #include "common.h"
 
 // Largest-k radix select: the k-th largest 32-bit key among keys[0..V) (computed by key_of).
@@ -78,20 +78,23 @@ inline void node_probs(device const T* row, device float* q, constant VerifyPara
                        threadgroup atomic_uint* hist, threadgroup uint* digit, uint tid, uint nthreads) {
   const long V = p.V;
   const float inv_t = p.inv_temperature;
+  // top-k keeps x >= the k-th largest (a NaN x is dropped, as by torch.where); off: all kept, NaN
+  // included (a NaN max then makes p NaN everywhere, as in the reference)
+  const bool top_k_on = p.top_k > 0 && p.top_k < V;
   float thr = neg_inf();
-  if (p.top_k > 0 && p.top_k < V) {
+  if (top_k_on) {
     thr = key_to_float(kth_largest_x_key(row, V, inv_t, p.top_k, hist, digit, tid, nthreads));
   }
   uint kmax = 0;
   for (long i = tid; i < V; i += nthreads) {
     const float x = to_float(row[i]) * inv_t;
-    if (x >= thr) kmax = max(kmax, order_key(x));
+    if (!top_k_on || x >= thr) kmax = max(kmax, order_key(x));
   }
   const float m = key_to_float(group_max_uint(kmax, su, tid, nthreads));
   float z = 0.0f;
   for (long i = tid; i < V; i += nthreads) {
     const float x = to_float(row[i]) * inv_t;
-    const float e = x >= thr ? precise::exp(x - m) : 0.0f;
+    const float e = !top_k_on || x >= thr ? precise::exp(x - m) : 0.0f;
     q[i] = e;
     z += e;
   }
