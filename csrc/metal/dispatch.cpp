@@ -258,7 +258,10 @@ void kv_compact(const Arrays& in, Arrays& out, mx::Stream s) {
   p.L = checked_int(L, "kv_compact: L");
   {
     Launch l(s, "kv_compact_" + std::to_string(vec));
-    l.out(out[0], 0).in(out[1], 1).in(path_nodes, 2).in(accept_len, 3).bytes(p, 4);
+    // cache_len is only read here, but bound as an output so that MLX's encoder (concurrent
+    // dispatch, barriers only before reads of earlier outputs) puts a barrier before kv_advance
+    // writes it: no write-after-read race
+    l.out(out[0], 0).out(out[1], 1).in(path_nodes, 2).in(accept_len, 3).bytes(p, 4);
     const int64_t total = int64_t(p.units) * p.vecs;
     l.run(static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(65535, (total + 255) / 256))), 256);
   }
