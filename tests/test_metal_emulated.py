@@ -284,7 +284,7 @@ def test_negative_divergence(emu, which, pattern):
 
 
 def test_negative_unbound_buffer(emu):
-    with pytest.raises(RuntimeError, match="did not set"):
+    with pytest.raises(RuntimeError, match="buffer 0 is read but was not set"):
         emu.dispatch("with_barrier", [None], 1, 32)
 
 

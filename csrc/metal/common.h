@@ -14,7 +14,7 @@ using namespace metal;
 #define RD_CAT2(a, b) a##b
 #define RD_CAT(a, b) RD_CAT2(a, b)
 #define instantiate_kernel(name, func, ...) \
-  static ::mtl_emu::Registrar RD_CAT(rd_registrar_, __LINE__)(name, &func<__VA_ARGS__>);
+  static ::mtl_emu::Registrar RD_CAT(rd_registrar_, __LINE__)(name, &func<__VA_ARGS__>, func##__buffers);
 #else
 #define instantiate_kernel(name, func, ...) \
   template [[host_name(name)]] [[kernel]] decltype(func<__VA_ARGS__>) func<__VA_ARGS__>;

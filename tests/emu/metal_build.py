@@ -79,13 +79,14 @@ def _rewrite_kernel(src: str, m: re.Match, path: Path) -> tuple[str, int]:
     j = src.index("{", i)
     if src[i:j].strip():
         raise ValueError(f"{path.name}: unexpected text between the parameters of {name} and its body")
-    locals_ = []
+    locals_, buffers = [], []
     for p in params:
         pm = _PARAM.match(" ".join(p.split()))
         if not pm:
             raise ValueError(f"{path.name}: kernel {name}: parameter without a supported attribute: {p!r}")
         decl, pname, attr, arg = pm["decl"], pm["name"], pm["attr"], pm["arg"]
         if attr == "buffer":
+            buffers.append(arg)
             locals_.append(f"{decl} {pname} = ::mtl_emu::bind<{decl}>(__b, {arg});")
         elif attr in BUILTINS:
             if decl.strip() not in ("uint", "const uint", "ushort", "int"):
@@ -96,12 +97,17 @@ def _rewrite_kernel(src: str, m: re.Match, path: Path) -> tuple[str, int]:
     head = src[: m.start()].rstrip()
     is_template = head.endswith(">")
     sig = f"void {name}(const ::mtl_emu::Bindings& __b)"
+    # the buffer indices the kernel reads (a dispatch that leaves one unbound fails before launch),
+    # declared before the kernel's template header if it has one
+    table = f"inline constexpr int {name}__buffers[] = {{{', '.join(buffers + ['-1'])}}}; "
+    at = head.rindex("template") if is_template else m.start()
     new = ""
     if not is_template:
-        new += f"{sig}; static ::mtl_emu::Registrar {name}__registrar(\"{name}\", &{name}); "
+        new += f"{sig}; static ::mtl_emu::Registrar {name}__registrar(\"{name}\", &{name}, {name}__buffers); "
     # the locals stay on the signature's line so that line numbers (barrier diagnostics) match
     new += sig + " { " + " ".join(locals_) + "\n" * src[m.start(): j].count("\n")
-    return src[: m.start()] + new + src[j + 1:], m.start() + len(new)
+    out = src[:at] + table + src[at: m.start()] + new
+    return out + src[j + 1:], len(out)
 
 
 def rewrite(src: str, path: Path) -> str:

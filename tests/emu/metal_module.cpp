@@ -19,7 +19,7 @@ PYBIND11_MODULE(redrafter_metal_emu, m) {
   m.def("set_seed", [](uint64_t seed) { redrafter_emu::set_seed(seed); });
   m.def("kernels", [] {
     std::vector<std::string> names;
-    for (auto& kv : mtl_emu::registry()) names.push_back(kv.first);
+    for (auto& entry : mtl_emu::registry()) names.push_back(entry.first);
     return names;
   });
 

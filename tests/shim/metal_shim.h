@@ -56,25 +56,21 @@ struct Bindings {
 };
 
 using KernelFn = void (*)(const Bindings&);
-inline std::map<std::string, KernelFn>& registry() {
-  static std::map<std::string, KernelFn> r;
+struct Kernel {
+  KernelFn fn;
+  const int* buffers;  // buffer indices the kernel reads, -1 terminated (from the rewrite)
+};
+inline std::map<std::string, Kernel>& registry() {
+  static std::map<std::string, Kernel> r;
   return r;
 }
 struct Registrar {
-  Registrar(const char* name, KernelFn f) { registry()[name] = f; }
+  Registrar(const char* name, KernelFn f, const int* buffers) { registry()[name] = Kernel{f, buffers}; }
 };
 
 template <typename T>
 T bind(const Bindings& b, int k) {
-  if (k < 0 || k >= Bindings::kMax || !b.buf[k]) {
-    redrafter_emu::fail("kernel reads buffer " + std::to_string(k) + ", which the dispatch did not set");
-    static std::aligned_storage_t<256, 16> dummy{};
-    if constexpr (std::is_pointer_v<T>) {
-      return reinterpret_cast<T>(&dummy);
-    } else {
-      return *reinterpret_cast<std::remove_reference_t<T>*>(&dummy);
-    }
-  }
+  // dispatch() checked that every buffer the kernel reads is set
   if constexpr (std::is_pointer_v<T>) {
     return reinterpret_cast<T>(b.buf[k]);
   } else {
@@ -135,6 +131,9 @@ T& tg_var(const char* file, int line) {
 inline std::string dispatch(const std::string& name, const Bindings& b, unsigned groups, unsigned threads) {
   auto it = registry().find(name);
   if (it == registry().end()) return "no kernel named " + name;
+  for (const int* k = it->second.buffers; *k >= 0; ++k) {
+    if (*k >= Bindings::kMax || !b.buf[*k]) return name + ": buffer " + std::to_string(*k) + " is read but was not set";
+  }
   if (threads == 0 || threads > 1024 || groups == 0) {
     return "invalid dispatch: " + std::to_string(groups) + " threadgroups of " + std::to_string(threads) + " threads";
   }
@@ -142,7 +141,7 @@ inline std::string dispatch(const std::string& name, const Bindings& b, unsigned
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(groups);
   cfg.blockDim = dim3(threads);
-  const cudaError_t e = redrafter_emu::launch<const Bindings&>(cfg, it->second, std::tuple<const Bindings&>(b));
+  const cudaError_t e = redrafter_emu::launch<const Bindings&>(cfg, it->second.fn, std::tuple<const Bindings&>(b));
   (void)cudaGetLastError();
   if (e != cudaSuccess) return name + ": " + redrafter_emu::emu_error();
   return "";
