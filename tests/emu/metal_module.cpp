@@ -1,0 +1,79 @@
+// pybind11 test module: the Metal kernels of csrc/metal/*.metal, rewritten by tests/emu/metal_build.py
+// and compiled with g++ against the host shim (tests/shim/metal_shim.h). numpy arrays stand for
+// MTLBuffers; a dispatch names a kernel by its host name and binds buffers by index, like
+// csrc/metal/dispatch.cpp does with MLX's command encoder. Built by tests/emu/metal_build.py.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include "metal_shim.h"  // after the std / pybind11 headers: it defines MSL's qualifier macros
+#include "params.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(redrafter_metal_emu, m) {
+  m.def("set_seed", [](uint64_t seed) { redrafter_emu::set_seed(seed); });
+  m.def("kernels", [] {
+    std::vector<std::string> names;
+    for (auto& entry : mtl_emu::registry()) names.push_back(entry.first);
+    return names;
+  });
+
+  // buffers[k]: a C-contiguous numpy array bound at index k, or None (unbound)
+  m.def("dispatch", [](const std::string& name, py::list buffers, unsigned groups, unsigned threads) {
+    mtl_emu::Bindings b;
+    if (buffers.size() > mtl_emu::Bindings::kMax) throw std::invalid_argument("too many buffers");
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      if (buffers[k].is_none()) continue;
+      py::array a = buffers[k].cast<py::array>();
+      if (!(a.flags() & py::array::c_style)) {
+        throw std::invalid_argument("buffer " + std::to_string(k) + " must be C-contiguous");
+      }
+      b.buf[k] = a.mutable_data();
+    }
+    const std::string err = mtl_emu::dispatch(name, b, groups, threads);
+    if (!err.empty()) throw std::runtime_error(err);
+  });
+
+  // field offsets and sizes of the parameter blocks (params.h), so that Python packs them exactly
+#define RD_FIELD(S, f) d[#f] = offsetof(S, f);
+  py::dict layouts;
+  {
+    py::dict d;
+    RD_FIELD(TreeMaskParams, N) RD_FIELD(TreeMaskParams, words) d["__size__"] = sizeof(TreeMaskParams);
+    layouts["TreeMaskParams"] = d;
+  }
+  {
+    py::dict d;
+    RD_FIELD(BuildTrieParams, W) RD_FIELD(BuildTrieParams, L) RD_FIELD(BuildTrieParams, N)
+    d["__size__"] = sizeof(BuildTrieParams);
+    layouts["BuildTrieParams"] = d;
+  }
+  {
+    py::dict d;
+    RD_FIELD(BeamTopkParams, W) RD_FIELD(BeamTopkParams, V) RD_FIELD(BeamTopkParams, L)
+    RD_FIELD(BeamTopkParams, step) RD_FIELD(BeamTopkParams, C) RD_FIELD(BeamTopkParams, state_units)
+    d["__size__"] = sizeof(BeamTopkParams);
+    layouts["BeamTopkParams"] = d;
+  }
+  {
+    py::dict d;
+    RD_FIELD(VerifyParams, n_rows) RD_FIELD(VerifyParams, V) RD_FIELD(VerifyParams, W) RD_FIELD(VerifyParams, L)
+    RD_FIELD(VerifyParams, inv_temperature) RD_FIELD(VerifyParams, top_k) RD_FIELD(VerifyParams, top_p)
+    d["__size__"] = sizeof(VerifyParams);
+    layouts["VerifyParams"] = d;
+  }
+  {
+    py::dict d;
+    RD_FIELD(KvCompactParams, units) RD_FIELD(KvCompactParams, B) RD_FIELD(KvCompactParams, H)
+    RD_FIELD(KvCompactParams, S) RD_FIELD(KvCompactParams, vecs) RD_FIELD(KvCompactParams, L)
+    d["__size__"] = sizeof(KvCompactParams);
+    layouts["KvCompactParams"] = d;
+  }
+#undef RD_FIELD
+  m.attr("params_layout") = layouts;
+}
