@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -43,3 +45,21 @@ def test_tree_mask_native_rejects_bad_input():
         rx.ops.tree_mask(torch.tensor([[-1, 0, 2]]), torch.tensor([3]))
     with pytest.raises(ValueError, match=r"num_nodes\[0\] = 4"):
         rx.ops.tree_mask(torch.tensor([[-1, 0, 1]]), torch.tensor([4]))
+
+
+def test_mlx_backend_built_and_torch_free():
+    # with mlx installed (CI installs mlx[cpu]) the build must carry the native MLX module, and the MLX
+    # backend must import and run with torch unavailable (an MLX-only install on macOS)
+    pytest.importorskip("mlx.core")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import mlx.core as mx\n"
+        "import redrafter_ext.mlx as m\n"
+        "from redrafter_ext.mlx import ops\n"
+        "assert m.default_ops() is ops, m.default_ops()\n"
+        "print(ops.build_trie(mx.array([[[1, 2], [1, 3]]]))[4].tolist())\n"
+        "assert not any(k == 'torch' or k.startswith('torch.') for k, v in sys.modules.items() if v is not None)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[3]"

@@ -7,27 +7,35 @@
 
 from __future__ import annotations
 
-import torch  # noqa: F401  (the native module has no RPATH to libtorch: load torch first)
+from importlib.util import find_spec
 
-from . import ops, reference
-from .decode import DecodeState, GenerateOutput, SamplingParams, autoregressive_generate, decode_step, generate
-from .drafter import Drafter, DrafterConfig, beam_search
-from .models import LlamaConfig, LlamaTarget, PagedKV
+from .config import LlamaConfig
 
-__all__ = [
-    "ops",
-    "reference",
-    "DecodeState",
-    "GenerateOutput",
-    "SamplingParams",
-    "decode_step",
-    "generate",
-    "autoregressive_generate",
-    "Drafter",
-    "DrafterConfig",
-    "beam_search",
-    "LlamaConfig",
-    "LlamaTarget",
-    "PagedKV",
-]
+__all__ = ["LlamaConfig"]
+
+# The torch backend is optional so that an MLX-only install (macOS without torch) can still
+# `import redrafter_ext.mlx`; with torch present everything below is exported as before.
+if find_spec("torch") is not None:
+    import torch  # noqa: F401  (the native module has no RPATH to libtorch: load torch first)
+
+    from . import ops, reference
+    from .decode import DecodeState, GenerateOutput, SamplingParams, autoregressive_generate, decode_step, generate
+    from .drafter import Drafter, DrafterConfig, beam_search
+    from .models import LlamaTarget, PagedKV
+
+    __all__ += [
+        "ops",
+        "reference",
+        "DecodeState",
+        "GenerateOutput",
+        "SamplingParams",
+        "decode_step",
+        "generate",
+        "autoregressive_generate",
+        "Drafter",
+        "DrafterConfig",
+        "beam_search",
+        "LlamaTarget",
+        "PagedKV",
+    ]
 __version__ = "0.1.0"

@@ -27,68 +27,16 @@ The target protocol an engine implements to use ``decode_step`` with its own mod
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .config import LlamaConfig
+
 __all__ = ["LlamaConfig", "LlamaTarget", "PagedKV", "causal_tree_mask"]
-
-
-@dataclass
-class LlamaConfig:
-    vocab_size: int = 4096
-    hidden_size: int = 256
-    intermediate_size: int = 688
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int | None = None
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = True
-    max_position_embeddings: int = 2048
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"LlamaConfig: num_attention_heads={self.num_attention_heads} must be a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
-
-    @classmethod
-    def from_hf(cls, d: dict) -> LlamaConfig:
-        """From a Hugging Face ``config.json`` dict; unsupported features raise."""
-        scaling = d.get("rope_scaling")
-        if scaling not in (None, {}) and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-            raise NotImplementedError(f"LlamaConfig: rope_scaling {scaling} is not supported")
-        for flag in ("attention_bias", "mlp_bias"):
-            if d.get(flag):
-                raise NotImplementedError(f"LlamaConfig: {flag}=True is not supported")
-        if d.get("hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"LlamaConfig: hidden_act={d['hidden_act']!r} is not supported")
-        rope = d.get("rope_parameters") or {}
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        if "rope_theta" not in kw and "rope_theta" in rope:
-            kw["rope_theta"] = rope["rope_theta"]
-        kw.setdefault("num_key_value_heads", d["num_attention_heads"])
-        eos = kw.get("eos_token_id")
-        if isinstance(eos, list):
-            kw["eos_token_id"] = eos[0]
-        return cls(**kw)
-
-    def to_hf(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
-                 attention_bias=False, mlp_bias=False, torch_dtype="float32")
-        return d
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

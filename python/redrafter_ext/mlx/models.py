@@ -24,7 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..models import LlamaConfig  # the config class is plain Python (no torch arrays)
+from ..config import LlamaConfig  # plain Python: redrafter_ext.mlx needs no torch
 
 __all__ = ["LlamaConfig", "LlamaTarget", "causal_tree_mask"]
 
