@@ -558,13 +558,15 @@ def test_verify_sample_guards(emu):
         assert not (int(acc[0]) > 0 and int(best[0]) == 0)  # never walks into the bad token
 
 
+@pytest.mark.skipif(SANITIZE, reason="memory errors are the other tests' job; this one is slow under ASan")
 def test_verify_sample_statistical(emu):
-    # the exactness harness of test_sampling.py with the emulated kernel (20k trials, one tree)
+    # the exactness harness of test_sampling.py with the emulated kernel: one tree, 6k trials (the
+    # emulator runs ~1k rows/s without top-p; top-p's ~60-step search per node is 10x slower)
     import test_sampling as ts
 
     def verify(logits, beams, beam_node, au, su, t, k, p):
         return run_sample(emu, logits.contiguous(), beams, beam_node.to(beams.dtype), au, su, t, k, p, seed=5)
 
-    stat, dof, pval, mean_acc = ts.run_trials(3, 3, "random", 1.0, 0, 0.9, seed=31, verify=verify, B=20_000)
-    print(f"emulated W3-L3-random-T1-p0.9: chi2={stat:.1f} dof={dof} p={pval:.3f} mean accept {mean_acc:.2f}")
-    assert pval > 0.01 and mean_acc > 0.2
+    stat, dof, pval, mean_acc = ts.run_trials(4, 4, "good", 1.0, 0, 1.0, seed=31, verify=verify, B=6_000)
+    print(f"emulated W4-L4-good-T1: chi2={stat:.1f} dof={dof} p={pval:.3f} mean accept {mean_acc:.2f}")
+    assert pval > 0.01 and mean_acc > 1.0
