@@ -535,6 +535,24 @@ def test_verify_sample_ties(emu, dtype):
         check_sample(emu, logits, beams, beam_node, au, su, t, k, p)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_verify_sample_nonfinite(emu, dtype):
+    # NaN / +-inf logits make every p of the node NaN (or the top-k threshold NaN): every comparison
+    # is then false whatever the rounding, so all rows must equal the reference exactly
+    logits, beams, beam_node, au, su = sample_case(4, 3, 4, 50, seed=3)
+    logits[0, :, 7] = float("nan")
+    logits[1, :, :] = float("-inf")
+    logits[2, :, 5] = float("inf")
+    logits[3, 0, 1] = float("nan")
+    logits = logits.to(dtype)
+    for t, k, p in [(1.0, 0, 1.0), (1.0, 5, 1.0), (1.0, 0, 0.9), (1.0, 60, 0.5), (1.0, 1, 1.0)]:
+        exp = ref.verify_sample(logits, beams, beam_node, au, su, t, k, p)
+        for seed in SEEDS:
+            got = run_sample(emu, logits, beams, beam_node, au, su, t, k, p, seed)
+            for a, e in zip(got, exp, strict=True):
+                assert torch.equal(a, e), f"T={t} top_k={k} top_p={p} seed {seed}\n{a}\n{e}"
+
+
 def test_verify_sample_guards(emu):
     # out-of-range values (the CPU op raises; the CUDA kernel must stay in bounds and say what it did)
     B, W, L, V = 3, 2, 3, 17
