@@ -426,7 +426,10 @@ def _top_p_margin(q: torch.Tensor, top_p: float) -> float:
         return float("inf")
     sp = torch.sort(q, descending=True, stable=True).values
     excl = torch.cat([sp.new_zeros(1), sp.cumsum(0)[:-1]])
-    return float((excl - top_p).abs().min())
+    # keeping or dropping a token of mass < 1e-12 moves the other decisions by < 1e-12 (relative),
+    # well inside their own MARGIN: only heavier tokens' boundary decisions count
+    d = torch.where(sp < 1e-12, float("inf"), (excl - top_p).abs())
+    return float(d.min())
 
 
 def sample_margins(logits, beams, beam_node, au, su, t, k, p) -> torch.Tensor:
@@ -533,6 +536,25 @@ def test_verify_sample_ties(emu, dtype):
     logits[1] = 0.0  # uniform rows: every token tied
     for t, k, p in [(1.0, 5, 1.0), (1.0, 0, 0.5), (1.0, 7, 0.61), (1.0, 0, 0.3), (0.5, 39, 0.97)]:
         check_sample(emu, logits, beams, beam_node, au, su, t, k, p)
+
+
+def test_verify_sample_top_p_boundaries(emu):
+    # the top-p boundary search on awkward distributions: integer logits (ties everywhere), huge
+    # scales (most p underflow to 0 or are subnormal), near-uniform rows, top_p near 0 and near 1
+    g = gen(77)
+    for case in range(36):
+        V = int(torch.randint(2, 400, (), generator=g))
+        logits, beams, beam_node, au, su = sample_case(3, 2, 3, V, seed=1000 + case)
+        kind = case % 4
+        if kind == 0:
+            logits = torch.randint(-2, 3, logits.shape, generator=g).float()
+        elif kind == 1:
+            logits = logits * 300.0
+        elif kind == 2:
+            logits = 1.0 + torch.randn(logits.shape, generator=g) * 1e-6
+        top_p = [1e-6, 0.3, 0.5, 0.9, 0.999, 1 - 1e-12][case % 6]
+        top_k = [0, 0, 3, V - 1][(case // 6) % 4]
+        check_sample(emu, logits, beams, beam_node, au, su, 1.0, top_k, top_p, seeds_=SEEDS[case % 3 : case % 3 + 1])
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
