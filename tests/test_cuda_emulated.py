@@ -601,7 +601,7 @@ def test_verify_sample_guards(emu):
 @pytest.mark.skipif(SANITIZE, reason="memory errors are the other tests' job; this one is slow under ASan")
 def test_verify_sample_statistical(emu):
     # the exactness harness of test_sampling.py with the emulated kernel: one tree, 6k trials (the
-    # emulator runs ~1k rows/s without top-p; top-p's ~60-step search per node is 10x slower)
+    # emulator runs ~1k rows/s)
     import test_sampling as ts
 
     def verify(logits, beams, beam_node, au, su, t, k, p):
