@@ -2,7 +2,7 @@
 // One CTA per batch row. The walk over depths is sequential and block-uniform (every thread makes
 // the same decisions from the same broadcast values); the V-wide work of each visited node is
 // block-parallel: the processed distribution p (temperature, top-k by radix select on the logits'
-// order keys, top-p by a binary search on the probability's bits) is written once per node into a
+// order keys, top-p by a search on the probabilities' bits) is written once per node into a
 // float64 workspace row, children are tried against block sums of it, and the next token comes from
 // an inverse-CDF scan over per-thread contiguous chunks. Arithmetic is float64 like the reference;
 // only the order of the sums differs (block reductions instead of index-order sequential sums),
