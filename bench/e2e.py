@@ -1,10 +1,14 @@
-"""End-to-end benchmark: greedy AR vs ReDrafter on the shipped model over a (W, L, batch) grid.
+"""End-to-end benchmark: AR vs ReDrafter on the shipped model over a (W, L, batch) grid.
 
     python bench/e2e.py [--quick] [--runs 5] [--max-new-tokens 96] [--out bench/results]
+    python bench/e2e.py --temperature 1 [--top-k 0 --top-p 1 --seed 0]   # sampling
 
-For every configuration: outputs are first checked identical to AR, then each method is timed
-``--runs`` times; the table gives median tokens/s with the spread (min-max), speedup, mean tokens per
-step and trie nodes per step. Writes ``e2e.csv`` and ``e2e.png`` (speedup and tokens/step vs W, L).
+For every configuration: outputs are first checked identical to AR (greedy only: sampled outputs
+differ token for token, they agree in distribution), then each method is timed ``--runs`` times;
+the table gives median tokens/s with the spread (min-max), speedup, mean tokens per step and trie
+nodes per step. With sampling both methods sample with the same options and seed, and each one's
+tokens/s counts its own output (the lengths can differ through EOS). Writes ``e2e.csv`` and
+``e2e.png`` (speedup and tokens/step vs W, L).
 """
 
 from __future__ import annotations
@@ -42,7 +46,13 @@ def main(argv=None) -> int:
     p.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="checkpoint")
     p.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--temperature", "-T", type=float, default=0.0, help="0: greedy (default); > 0: sampling")
+    p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass (1: all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling: seed of the uniforms")
     a = p.parse_args(argv)
+    sampling = dict(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
+    greedy = a.temperature == 0.0
     if a.quick:
         a.widths, a.lengths, a.batches, a.runs, a.max_new_tokens, a.prompts = [1, 4], [2, 4], [1, 4], 3, 48, 4
 
@@ -52,7 +62,8 @@ def main(argv=None) -> int:
     eos = target.config.eos_token_id
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"# {desc}; torch {torch.__version__}, {torch.get_num_threads()} threads; median of {a.runs} runs, "
-          f"spread = min..max; {a.max_new_tokens} new tokens per prompt")
+          f"spread = min..max; {a.max_new_tokens} new tokens per prompt; "
+          + ("greedy" if greedy else f"sampling T={a.temperature} top_k={a.top_k} top_p={a.top_p} seed={a.seed}"))
     header = ["B", "W", "L", "N", "ar_tok_s", "ar_spread", "rd_tok_s", "rd_spread", "speedup", "tokens_per_step",
               "nodes_per_step", *[f"ms_{s}" for s in STAGES]]
     print(" | ".join(header))
@@ -64,9 +75,9 @@ def main(argv=None) -> int:
     for B in a.batches:
         prompts = load_prompt_ids(tok, max(a.prompts, B) // B * B, 200, target.vocab_size)
         batches = [prompts[i : i + B] for i in range(0, len(prompts), B)]
-        rx.autoregressive_generate(target, batches[0], 4, eos_id=eos)  # warm-up
+        rx.autoregressive_generate(target, batches[0], 4, eos_id=eos, **sampling)  # warm-up
         def run_ar(batches=batches):
-            return [rx.autoregressive_generate(target, c, a.max_new_tokens, eos_id=eos) for c in batches]
+            return [rx.autoregressive_generate(target, c, a.max_new_tokens, eos_id=eos, **sampling) for c in batches]
 
         ar_times = []
         for _ in range(a.runs):
@@ -82,20 +93,21 @@ def main(argv=None) -> int:
                 def gen(timer=None, W=W, L=L, batches=batches):
                     return [
                         rx.generate(target, drafter, c, a.max_new_tokens, beam_width=W, beam_length=L, eos_id=eos,
-                                    timer=timer)
+                                    timer=timer, **sampling)
                         for c in batches
                     ]
 
                 timer = StageTimer()
                 first = gen(timer)  # correctness first (and the stage split)
                 got = [row for o in first for row in o.tokens]
-                if got != ar_tokens:
+                if greedy and got != ar_tokens:
                     print(f"MISMATCH at B={B} W={W} L={L}: ReDrafter output differs from AR", file=sys.stderr)
                     return 1
+                rd_tok = sum(map(len, got))  # == n_tok when greedy; a seed fixes it when sampling
                 steps = sum(sum(o.steps) for o in first)
                 nodes = sum(sum(o.nodes) for o in first)
                 rd_times = [timed(gen)[1] for _ in range(a.runs)]
-                rd_tps = [n_tok / t for t in rd_times]
+                rd_tps = [rd_tok / t for t in rd_times]
                 split = timer.split()
                 row_steps = max(1, steps // B)  # batched steps: rows advance together
                 r = {
@@ -103,7 +115,7 @@ def main(argv=None) -> int:
                     "ar_tok_s": statistics.median(ar_tps), "ar_spread": f"{min(ar_tps):.1f}..{max(ar_tps):.1f}",
                     "rd_tok_s": statistics.median(rd_tps), "rd_spread": f"{min(rd_tps):.1f}..{max(rd_tps):.1f}",
                     "speedup": statistics.median(rd_tps) / statistics.median(ar_tps),
-                    "tokens_per_step": n_tok / max(1, steps), "nodes_per_step": nodes / max(1, steps),
+                    "tokens_per_step": rd_tok / max(1, steps), "nodes_per_step": nodes / max(1, steps),
                     **{f"ms_{s}": 1e3 * split[s] / row_steps for s in STAGES},
                 }
                 rows.append(r)

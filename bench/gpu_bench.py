@@ -96,6 +96,29 @@ def main() -> None:
             timeit(partial(ops.verify_greedy, logits, beams, beam_node)),
             timeit(partial(ref.verify_greedy, logits, beams, beam_node)), nbytes, bw)
 
+    for B, W, L, V, dt, (t, k, tp) in [(1, 8, 5, 128256, torch.bfloat16, (1.0, 0, 1.0)),
+                                       (1, 8, 5, 128256, torch.bfloat16, (0.8, 50, 0.9)),
+                                       (64, 8, 5, 128256, torch.bfloat16, (1.0, 0, 1.0)),
+                                       (16, 64, 5, 32000, torch.float16, (1.0, 0, 0.95))]:
+        beams = torch.randint(0, 4, (B, W, L), device=dev, generator=g, dtype=torch.int32)
+        beam_node = ref.build_trie(beams)[3]
+        N = 1 + W * (L - 1)
+        logits = torch.randn(B, N, V, device=dev, generator=g)
+        logits[:, :, :4] += 9 * torch.rand(B, N, 4, device=dev, generator=g)
+        logits = logits.to(dt)
+        au = torch.rand(B, L - 1, W, device=dev, generator=g)
+        su = torch.rand(B, device=dev, generator=g)
+        args = (logits, beams, beam_node, au, su, t, k, tp)
+        got, exp = ops.verify_sample(*args), ref.verify_sample(*args)
+        # block sums vs the reference's sequential sums: a row could differ only when a uniform lies
+        # within ~1e-15 of its threshold (docs/verify_sample_cuda_notes.md)
+        rows_equal = (got[0] == exp[0]) & (got[1] == exp[1]) & (got[2] == exp[2]).all(dim=1) & (got[3] == exp[3])
+        assert bool(rows_equal.all()), f"verify_sample differs from the reference on {int((~rows_equal).sum())} rows"
+        acc = exp[0].to(torch.int64)
+        nbytes = int((acc + 1).sum()) * V * logits.element_size()  # the visited nodes' logits
+        row("verify_sample", f"B={B} W={W} L={L} V={V} {str(dt)[6:]} T={t} k={k} p={tp}",
+            timeit(partial(ops.verify_sample, *args)), timeit(partial(ref.verify_sample, *args)), nbytes, bw)
+
     for n_layers, B, H, S, Dh, L in [(32, 1, 8, 4096, 128, 5), (32, 64, 8, 2048, 128, 5)]:
         kv = torch.randn(n_layers, 2, B, H, S, Dh, device=dev, generator=g, dtype=torch.bfloat16)
         acc = torch.full((B,), L - 1, device=dev)

@@ -5,7 +5,8 @@
 #    kernels required (REDRAFTER_CUDA=ON; our .cu files include no torch headers, so no
 #    TORCH_CUDA_ARCH_LIST is needed; they are compiled for sm_80 and sm_90),
 # 2. runs the CUDA tests (CUDA ops == CPU ops, opcheck, CUDA-graph capture and replay of
-#    decode_step: tests/test_cuda_device.py) plus the native CPU suite as a sanity check,
+#    decode_step, verify_sample == reference and its chi-square exactness test:
+#    tests/test_cuda_device.py) plus the native CPU suite as a sanity check,
 # 3. times every op against its reference torch composition and the copy-bandwidth bound
 #    (bench/gpu_bench.py).
 # Everything goes to one file: $OUT (default bench/results/gpu_check.txt). Budget: < 8 min on an

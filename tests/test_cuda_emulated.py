@@ -398,3 +398,215 @@ def test_beam_topk_rounding_ties(emu):
     scores = torch.full((B, W), 3.0e4)
     tokens = torch.zeros(B, W, 3, dtype=torch.int64)
     check_beam_topk(emu, (logits, scores, tokens, torch.randn(B, W, 1), 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# verify_sample. The kernel's sums are block reductions, not the reference's index-order
+# sequential sums, so its float64 probabilities and masses differ from the reference's in the last
+# bits: integer outputs are compared on rows whose every decision (each u * mass vs p[t], the final
+# u * total vs the prefix sums, each visited node's top-p boundary) is at least MARGIN (relative)
+# away from its threshold, measured on the reference's own numbers; such rows are all but every row.
+
+MARGIN = 1e-9
+
+
+def run_sample(emu, logits, beams, beam_node, au, su, t, k, p, seed):
+    B, W, L = beams.shape
+    out = (i32(B), i32(B), i32(B, L), i32(B))
+    ws = np.full(max(1, B * logits.shape[2]), np.nan)  # poison: the kernel writes before it reads
+    emu.set_seed(seed)
+    emu.verify_sample(np_of(logits), KIND16[logits.dtype], np_of(beams), np_of(beam_node), np_of(au), np_of(su),
+                      t, k, p, *out, ws)
+    return [torch.from_numpy(o) for o in out]
+
+
+def _top_p_margin(q: torch.Tensor, top_p: float) -> float:
+    """Distance of the reference's top-p decisions from top_p at one node (inf when top-p is off)."""
+    if top_p >= 1.0 or torch.isnan(q).any():
+        return float("inf")
+    sp = torch.sort(q, descending=True, stable=True).values
+    excl = torch.cat([sp.new_zeros(1), sp.cumsum(0)[:-1]])
+    # keeping or dropping a token of mass < 1e-12 moves the other decisions by < 1e-12 (relative),
+    # well inside their own MARGIN: only heavier tokens' boundary decisions count
+    d = torch.where(sp < 1e-12, float("inf"), (excl - top_p).abs())
+    return float(d.min())
+
+
+def sample_margins(logits, beams, beam_node, au, su, t, k, p) -> torch.Tensor:
+    """(B,) smallest relative distance of any decision of the reference's walk from its threshold."""
+    B, W, L = beams.shape
+    probs = ref.sampling_probs(logits, t, k, 1.0)
+    probs_p = ref.sampling_probs(logits, t, k, p)
+    bn, tok = beam_node.long(), beams.long()
+    out = torch.full((B,), float("inf"), dtype=torch.float64)
+    for b in range(B):
+        cur, margin = int(bn[b, 0, 0]), float("inf")
+        margin = min(margin, _top_p_margin(probs[b, cur], p))
+        q = probs_p[b, cur].clone()
+        for d in range(L - 1):
+            child, seen, rank = None, set(), 0
+            for w in range(W):
+                if int(bn[b, w, d]) != cur or int(bn[b, w, d + 1]) in seen:
+                    continue
+                seen.add(int(bn[b, w, d + 1]))
+                tt = int(tok[b, w, d + 1])
+                mass = float(q.cumsum(0)[-1])
+                u = float(au[b, d, rank])
+                rank += 1
+                if q[tt] > 0:  # p(t) == 0 rejects exactly, whatever the rounding
+                    margin = min(margin, abs(u * mass - float(q[tt])) / mass)
+                if u * mass < float(q[tt]):
+                    child = int(bn[b, w, d + 1])
+                    break
+                q[tt] = 0.0
+            if child is None:
+                break
+            cur = child
+            margin = min(margin, _top_p_margin(probs[b, cur], p))
+            q = probs_p[b, cur].clone()
+        c = q.cumsum(0)
+        if c[-1] > 0:
+            margin = min(margin, float((c - float(su[b]) * c[-1]).abs().min() / c[-1]))
+        out[b] = margin
+    return out
+
+
+def check_sample(emu, logits, beams, beam_node, au, su, t, k, p, seeds_=SEEDS):
+    exp = ref.verify_sample(logits, beams, beam_node, au, su, t, k, p)
+    safe = sample_margins(logits, beams, beam_node, au, su, t, k, p) >= MARGIN if t > 0 else torch.ones(len(su), dtype=torch.bool)
+    assert safe.float().mean() >= 0.5, "test data too close to the decision thresholds"
+    for seed in seeds_:
+        got = run_sample(emu, logits, beams, beam_node, au, su, t, k, p, seed)
+        for name, a, e in zip(("accept_len", "best_beam", "path_nodes", "next_token"), got, exp, strict=True):
+            assert torch.equal(a[safe], e[safe]), f"{name} (T={t} top_k={k} top_p={p}, seed {seed})\n{a}\n{e}"
+        # every row: a consistent walk and a sampled token of positive weight at its stop node
+        acc, best, path, nxt = got
+        for b in range(len(su)):
+            a_ = int(acc[b])
+            assert path[b, : a_ + 1].tolist() == beam_node[b, int(best[b]), : a_ + 1].tolist()
+        if t > 0:
+            q = ref.sampling_probs(logits, t, k, p)
+            last = path.gather(1, acc.long()[:, None])[:, 0].long()
+            assert (q[torch.arange(len(su)), last, nxt.long()] > 0).all()
+    return exp
+
+
+def sample_case(B, W, L, V, seed, dtype=torch.float32, n_tokens=3, boost=1.5, idx=torch.int64):
+    g = gen(seed)
+    beams = torch.randint(0, n_tokens, (B, W, L), generator=g)
+    beams[:, :, 0] = beams[:, :1, 0]
+    _, _, _, beam_node, _ = ref.build_trie(beams)
+    logits = torch.randn(B, ref.num_nodes_max(W, L), V, generator=g) * 2
+    logits[:, :, :n_tokens] += boost  # drafts are likely enough to be accepted often
+    au = torch.rand(B, L - 1, W, generator=g)
+    su = torch.rand(B, generator=g)
+    return logits.to(dtype), beams.to(idx), beam_node.to(idx), au, su
+
+
+SETTINGS_SAMPLE = [(1.0, 0, 1.0), (0.5, 3, 1.0), (2.0, 0, 0.9), (1.0, 1, 1.0), (1.0, 0, 0.05), (0.7, 111, 0.8),
+                   (1.3, 20, 0.9), (0.0, 0, 1.0)]
+
+
+@pytest.mark.parametrize("B,W,L", [(1, 1, 1), (3, 1, 2), (7, 2, 3), (3, 4, 5), (1, 8, 4), (7, 3, 1), (3, 5, 8)])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_verify_sample(emu, B, W, L, dtype):
+    accepted = 0
+    for j, (t, k, p) in enumerate(SETTINGS_SAMPLE):
+        idx = (torch.int32, torch.int64)[j % 2]
+        args = sample_case(B, W, L, 111, seed=B * 100 + W * 10 + L + j, dtype=dtype, idx=idx)
+        accepted += int(check_sample(emu, *args, t, k, p)[0].sum())
+    if L > 1:
+        assert accepted > 0
+
+
+@pytest.mark.parametrize("V,dtype,B", [(32000, torch.float16, 3), (128256, torch.bfloat16, 1),
+                                       (32000, torch.float32, 1)])
+def test_verify_sample_big_vocab(emu, V, dtype, B):
+    args = sample_case(B, 3, 4, V, seed=V, dtype=dtype, boost=9.0)
+    for t, k, p in [(1.0, 0, 1.0), (0.5, 50, 0.9), (2.0, 0, 0.3)]:
+        check_sample(emu, *args, t, k, p, seeds_=SEEDS[:1])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_verify_sample_ties(emu, dtype):
+    # integer logits: exact ties at the top-k threshold and across the top-p boundary
+    B, W, L, V = 3, 3, 4, 40
+    logits, beams, beam_node, au, su = sample_case(B, W, L, V, seed=12, dtype=dtype)
+    logits = torch.randint(0, 3, logits.shape, generator=gen(13)).to(dtype)
+    logits[1] = 0.0  # uniform rows: every token tied
+    for t, k, p in [(1.0, 5, 1.0), (1.0, 0, 0.5), (1.0, 7, 0.61), (1.0, 0, 0.3), (0.5, 39, 0.97)]:
+        check_sample(emu, logits, beams, beam_node, au, su, t, k, p)
+
+
+def test_verify_sample_top_p_boundaries(emu):
+    # the top-p boundary search on awkward distributions: integer logits (ties everywhere), huge
+    # scales (most p underflow to 0 or are subnormal), near-uniform rows, top_p near 0 and near 1
+    g = gen(77)
+    for case in range(36):
+        V = int(torch.randint(2, 400, (), generator=g))
+        logits, beams, beam_node, au, su = sample_case(3, 2, 3, V, seed=1000 + case)
+        kind = case % 4
+        if kind == 0:
+            logits = torch.randint(-2, 3, logits.shape, generator=g).float()
+        elif kind == 1:
+            logits = logits * 300.0
+        elif kind == 2:
+            logits = 1.0 + torch.randn(logits.shape, generator=g) * 1e-6
+        top_p = [1e-6, 0.3, 0.5, 0.9, 0.999, 1 - 1e-12][case % 6]
+        top_k = [0, 0, 3, V - 1][(case // 6) % 4]
+        check_sample(emu, logits, beams, beam_node, au, su, 1.0, top_k, top_p, seeds_=SEEDS[case % 3 : case % 3 + 1])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_verify_sample_nonfinite(emu, dtype):
+    # NaN / +-inf logits make every p of the node NaN (or the top-k threshold NaN): every comparison
+    # is then false whatever the rounding, so all rows must equal the reference exactly
+    logits, beams, beam_node, au, su = sample_case(4, 3, 4, 50, seed=3)
+    logits[0, :, 7] = float("nan")
+    logits[1, :, :] = float("-inf")
+    logits[2, :, 5] = float("inf")
+    logits[3, 0, 1] = float("nan")
+    logits = logits.to(dtype)
+    for t, k, p in [(1.0, 0, 1.0), (1.0, 5, 1.0), (1.0, 0, 0.9), (1.0, 60, 0.5), (1.0, 1, 1.0)]:
+        exp = ref.verify_sample(logits, beams, beam_node, au, su, t, k, p)
+        for seed in SEEDS:
+            got = run_sample(emu, logits, beams, beam_node, au, su, t, k, p, seed)
+            for a, e in zip(got, exp, strict=True):
+                assert torch.equal(a, e), f"T={t} top_k={k} top_p={p} seed {seed}\n{a}\n{e}"
+
+
+def test_verify_sample_guards(emu):
+    # out-of-range values (the CPU op raises; the CUDA kernel must stay in bounds and say what it did)
+    B, W, L, V = 3, 2, 3, 17
+    logits, beams, beam_node, au, su = sample_case(B, W, L, V, seed=21)
+    logits = logits.clone()
+    logits[:, :, 1] = 30.0  # token 1 is (almost) certain: drafts of token 1 are accepted
+    beams = beams.clone()
+    beams[:, :, 1:] = 1
+    beam_node = beam_node.clone()
+    beams[0, 0, 1] = V + 5  # row 0: beam 0's draft token is outside the vocabulary: rejected
+    beam_node[1, :, 0] = 99  # row 1: the root is outside the logits: stop at once, next token -1
+    au = au.clone()
+    au[2] = float("nan")  # row 2: NaN uniforms reject
+    su = su.clone()
+    su[2] = float("nan")
+    for seed in SEEDS:
+        acc, best, path, nxt = run_sample(emu, logits, beams, beam_node, au, su, 1.0, 0, 1.0, seed)
+        assert int(acc[1]) == 0 and int(nxt[1]) == -1 and path[1].tolist() == [99, -1, -1]
+        assert int(acc[2]) == 0 and 0 <= int(nxt[2]) < V
+        assert int(best[0]) in (0, 1) and 0 <= int(nxt[0]) < V
+        assert not (int(acc[0]) > 0 and int(best[0]) == 0)  # never walks into the bad token
+
+
+@pytest.mark.skipif(SANITIZE, reason="memory errors are the other tests' job; this one is slow under ASan")
+def test_verify_sample_statistical(emu):
+    # the exactness harness of test_sampling.py with the emulated kernel: one tree, 6k trials (the
+    # emulator runs ~1k rows/s)
+    import test_sampling as ts
+
+    def verify(logits, beams, beam_node, au, su, t, k, p):
+        return run_sample(emu, logits.contiguous(), beams, beam_node.to(beams.dtype), au, su, t, k, p, seed=5)
+
+    stat, dof, pval, mean_acc = ts.run_trials(4, 4, "good", 1.0, 0, 1.0, seed=31, verify=verify, B=6_000)
+    print(f"emulated W4-L4-good-T1: chi2={stat:.1f} dof={dof} p={pval:.3f} mean accept {mean_acc:.2f}")
+    assert pval > 0.01 and mean_acc > 1.0

@@ -65,3 +65,21 @@ cudaError_t kv_compact_paged(void* kv_pages, int64_t n_layers, int64_t num_block
                              IndexType index_type, int64_t L, cudaStream_t stream);
 
 }  // namespace redrafter::cuda
+
+// verify_sample (exact sampling, docs/verify_sample_cuda_notes.md): logits [B, n_logit_rows, V]
+// (logits_type), beams and beam_node [B, W, L] (index_type), accept_u [B, L-1, W] f32, sample_u [B]
+// f32 -> accept_len, best_beam, next_token [B], path_nodes [B, L], all i32. temperature == 0 runs
+// verify_greedy (the uniforms are not read); otherwise workspace is verify_sample_workspace_bytes(B, V)
+// bytes of device memory (8-byte aligned). Out-of-range values: a child node outside
+// [0, n_logit_rows) or a draft token outside [0, V) is rejected; a root node outside the logits stops
+// the row at once with next_token -1; uniforms are used as they are (a NaN rejects, an
+// out-of-range one biases but never indexes: the sampled token is always a positive-weight index, or
+// 0 when no weight is positive).
+namespace redrafter::cuda {
+size_t verify_sample_workspace_bytes(int64_t B, int64_t V);
+cudaError_t verify_sample(const void* logits, FloatType logits_type, int64_t n_logit_rows, int64_t V,
+                          const void* beams, const void* beam_node, IndexType index_type, int64_t B, int64_t W,
+                          int64_t L, const float* accept_u, const float* sample_u, double temperature, int64_t top_k,
+                          double top_p, int32_t* accept_len, int32_t* best_beam, int32_t* path_nodes,
+                          int32_t* next_token, void* workspace, cudaStream_t stream);
+}  // namespace redrafter::cuda

@@ -167,6 +167,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(co
   return {accept_len, best_beam, path_nodes, next_token};
 }
 
+// verify_sample: metadata checks only (no host reads of the uniforms, tokens or node ids, so the
+// op stays sync-free and graph-capturable); the kernel guards against out-of-range values itself
+// (csrc/cuda/kernels.h). temperature == 0 is verify_greedy, exactly.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cuda(
+    const at::Tensor& logits_in, const at::Tensor& beams_in, const at::Tensor& beam_node_in,
+    const at::Tensor& accept_u_in, const at::Tensor& sample_u_in, double temperature, int64_t top_k, double top_p) {
+  check_verify_sample_inputs(logits_in, beams_in, beam_node_in, accept_u_in, sample_u_in, temperature, top_k, top_p);
+  check_on_cuda("verify_sample", "logits", logits_in);
+  DeviceGuard guard(logits_in);
+  const at::Tensor logits = logits_in.contiguous();
+  const auto idx = common_index_type(beams_in, beam_node_in);
+  const at::Tensor beams = beams_in.to(idx).contiguous();
+  const at::Tensor beam_node = beam_node_in.to(idx).contiguous();
+  const at::Tensor accept_u = accept_u_in.contiguous();
+  const at::Tensor sample_u = sample_u_in.contiguous();
+  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2), V = logits.size(2);
+  const auto i32 = logits.options().dtype(at::kInt);
+  at::Tensor accept_len = at::empty({B}, i32);
+  at::Tensor best_beam = at::empty({B}, i32);
+  at::Tensor path_nodes = at::empty({B, L}, i32);
+  at::Tensor next_token = at::empty({B}, i32);
+  // float64 p of each row's current node (unused when greedy)
+  at::Tensor workspace = at::empty({temperature == 0.0 ? 0 : B * V}, logits.options().dtype(at::kDouble));
+  check_cuda(cuda::verify_sample(logits.const_data_ptr(), float_type(logits), logits.size(1), V,
+                                 beams.const_data_ptr(), beam_node.const_data_ptr(), index_type(idx), B, W, L,
+                                 accept_u.const_data_ptr<float>(), sample_u.const_data_ptr<float>(), temperature, top_k,
+                                 top_p, accept_len.mutable_data_ptr<int32_t>(), best_beam.mutable_data_ptr<int32_t>(),
+                                 path_nodes.mutable_data_ptr<int32_t>(), next_token.mutable_data_ptr<int32_t>(),
+                                 workspace.numel() > 0 ? workspace.mutable_data_ptr() : nullptr,
+                                 current_stream(logits)),
+             "verify_sample");
+  return {accept_len, best_beam, path_nodes, next_token};
+}
+
 void kv_compact_cuda(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes_in,
                      const at::Tensor& accept_len_in) {
   check_kv_compact_inputs(kv, cache_len, path_nodes_in, accept_len_in);
@@ -193,6 +227,7 @@ TORCH_LIBRARY_IMPL(redrafter, CUDA, m) {
   m.impl("build_trie", &build_trie_cuda);
   m.impl("verify_greedy", &verify_greedy_cuda);
   m.impl("kv_compact", &kv_compact_cuda);
+  m.impl("verify_sample", &verify_sample_cuda);
 }
 
 }  // namespace redrafter

@@ -29,8 +29,8 @@ __all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_samp
 
 # which ops have a native kernel; the rest of this module re-exports the reference on purpose
 NATIVE_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "kv_compact_paged")
-# ops with a CUDA kernel too (verify_sample's is still to be written: docs/verify_sample_cuda_notes.md)
-CUDA_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "kv_compact", "kv_compact_paged")
+# every op has a CUDA kernel too (verify_sample's design: docs/verify_sample_cuda_notes.md)
+CUDA_OPS = NATIVE_OPS
 
 
 def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:
@@ -241,7 +241,7 @@ def verify_sample(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> tuple[Tensor, ...]:
-    """Exact sampling: recursive rejection over the trie (native kernel, CPU).
+    """Exact sampling: recursive rejection over the trie (native kernels, CPU and CUDA).
 
     ``p`` is the target's distribution at a node after temperature, top-k and top-p
     (``reference.sampling_probs``, float64). From the root, the node's distinct children are tried
@@ -253,6 +253,11 @@ def verify_sample(
     distribution exactly. Decisions equal ``reference.verify_sample``'s given the same uniforms.
     ``temperature == 0`` is ``verify_greedy`` exactly. Only the nodes the walk reaches are reduced
     over V.
+
+    On CUDA the sums are block reductions (float64, deterministic) instead of the reference's
+    index-order sequential sums, so a decision can differ from the reference's only when a uniform
+    lies within ~1e-15 (relative) of its threshold; values are not checked on the host there (no
+    synchronisation): out-of-range ids are rejected by the kernel (docs/verify_sample_cuda_notes.md).
 
     Parameters
     ----------

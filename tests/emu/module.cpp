@@ -146,4 +146,21 @@ PYBIND11_MODULE(redrafter_emu, m) {
     if (which == "divergent_shuffle") e = negative::divergent_shuffle(o, n);
     check(e, which.c_str());
   });
+
+  // verify_sample: workspace is a float64 array of at least B*V items
+  m.def("verify_sample", [](py::array logits, int kind16, py::array beams, py::array beam_node, py::array accept_u,
+                            py::array sample_u, double temperature, int64_t top_k, double top_p, py::array accept_len,
+                            py::array best_beam, py::array path_nodes, py::array next_token, py::array workspace) {
+    const int64_t B = beams.shape(0), W = beams.shape(1), L = beams.shape(2), V = logits.shape(2);
+    const auto it = index_type(beams);
+    if (index_type(beam_node) != it) throw std::invalid_argument("beams and beam_node: one index dtype");
+    if (workspace.size() < B * V) throw std::invalid_argument("workspace too small");
+    check(rc::verify_sample(logits.mutable_data(), float_type(logits, kind16), logits.shape(1), V,
+                            beams.mutable_data(), beam_node.mutable_data(), it, B, W, L,
+                            data<float>(accept_u, "accept_u"), data<float>(sample_u, "sample_u"), temperature, top_k,
+                            top_p, data<int32_t>(accept_len, "accept_len"), data<int32_t>(best_beam, "best_beam"),
+                            data<int32_t>(path_nodes, "path_nodes"), data<int32_t>(next_token, "next_token"),
+                            data<double>(workspace, "workspace"), nullptr),
+          "verify_sample");
+  });
 }
