@@ -79,13 +79,10 @@ __device__ __forceinline__ uint32_t order_key(float x) {
 
 __device__ __forceinline__ unsigned lane_id() { return threadIdx.x & 31u; }
 
-// Exclusive prefix count of `flag` over the threads of the block in threadIdx.x order, and the
-// block total. Every thread of the block must call it (blockDim.x a multiple of 32); `scratch`
-// holds 32 ints of shared memory. Two barriers.
-__device__ __forceinline__ int block_prefix_count(bool flag, int* scratch, int* total) {
-  const unsigned ballot = __ballot_sync(kFullMask, flag);
+// Second half of the block_prefix_* scans, once one lane of each warp has written its warp's
+// total to scratch[warp]: the sum over the warps before this thread's, and the block total.
+__device__ __forceinline__ int warps_before(const int* scratch, int* total) {
   const unsigned warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  if (lane_id() == 0) scratch[warp] = __popc(ballot);
   __syncthreads();
   int before = 0, all = 0;
   for (unsigned w = 0; w < n_warps; ++w) {
@@ -95,7 +92,16 @@ __device__ __forceinline__ int block_prefix_count(bool flag, int* scratch, int* 
   }
   __syncthreads();  // scratch may be reused at once
   *total = all;
-  return before + __popc(ballot & ((1u << lane_id()) - 1u));
+  return before;
+}
+
+// Exclusive prefix count of `flag` over the threads of the block in threadIdx.x order, and the
+// block total. Every thread of the block must call it (blockDim.x a multiple of 32); `scratch`
+// holds 32 ints of shared memory. Two barriers.
+__device__ __forceinline__ int block_prefix_count(bool flag, int* scratch, int* total) {
+  const unsigned ballot = __ballot_sync(kFullMask, flag);
+  if (lane_id() == 0) scratch[threadIdx.x >> 5] = __popc(ballot);
+  return warps_before(scratch, total) + __popc(ballot & ((1u << lane_id()) - 1u));
 }
 
 // Exclusive prefix sum of `v` over the threads of the block in threadIdx.x order, and the block
@@ -106,18 +112,8 @@ __device__ __forceinline__ int block_prefix_sum(int v, int* scratch, int* total)
     const int o = __shfl_up_sync(kFullMask, incl, d);
     if (static_cast<int>(lane_id()) >= d) incl += o;
   }
-  const unsigned warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  if (lane_id() == 31) scratch[warp] = incl;
-  __syncthreads();
-  int before = 0, all = 0;
-  for (unsigned w = 0; w < n_warps; ++w) {
-    const int c = scratch[w];
-    before += w < warp ? c : 0;
-    all += c;
-  }
-  __syncthreads();
-  *total = all;
-  return before + incl - v;
+  if (lane_id() == 31) scratch[threadIdx.x >> 5] = incl;
+  return warps_before(scratch, total) + incl - v;
 }
 
 }  // namespace redrafter::cuda

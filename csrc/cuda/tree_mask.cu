@@ -9,15 +9,23 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void tree_mask_bool_kernel(const int32_t* __restrict__ node_parent,
-                                      const int32_t* __restrict__ num_nodes, int64_t N,
-                                      bool* __restrict__ mask) {
+// Stages trie b's parent array in shared memory (-1 past num_nodes[b]); the caller syncs before
+// reading it.
+__device__ __forceinline__ const int32_t* stage_parents(const int32_t* __restrict__ node_parent,
+                                                        const int32_t* __restrict__ num_nodes, int64_t b, int64_t N) {
   int32_t* parent = dynamic_smem<int32_t>();
-  const int64_t b = blockIdx.x;
   const int64_t n_valid = num_nodes[b];
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
     parent[i] = i < n_valid ? node_parent[b * N + i] : -1;
   }
+  return parent;
+}
+
+__global__ void tree_mask_bool_kernel(const int32_t* __restrict__ node_parent,
+                                      const int32_t* __restrict__ num_nodes, int64_t N,
+                                      bool* __restrict__ mask) {
+  const int64_t b = blockIdx.x;
+  const int32_t* parent = stage_parents(node_parent, num_nodes, b, N);
   bool* m = mask + b * N * N;
   // coalesced zero fill of the whole [N, N] block before the scattered ancestor writes
   for (int64_t k = threadIdx.x; k < N * N; k += blockDim.x) m[k] = false;
@@ -37,13 +45,9 @@ __global__ void tree_mask_bool_kernel(const int32_t* __restrict__ node_parent,
 __global__ void tree_mask_packed_kernel(const int32_t* __restrict__ node_parent,
                                         const int32_t* __restrict__ num_nodes, int64_t N,
                                         uint32_t* __restrict__ words) {
-  int32_t* parent = dynamic_smem<int32_t>();
   const int64_t b = blockIdx.x;
-  const int64_t n_valid = num_nodes[b];
+  const int32_t* parent = stage_parents(node_parent, num_nodes, b, N);
   const int64_t nw = (N + 31) / 32;
-  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
-    parent[i] = i < n_valid ? node_parent[b * N + i] : -1;
-  }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
     uint32_t* row = words + (b * N + i) * nw;

@@ -1,7 +1,10 @@
 // Metadata checks (rank, dtype, device, cross-argument shapes; no values read), shared by the CPU
 // and CUDA launchers so that both reject the same inputs with the same messages. Value-range
 // checks need host reads: the CPU launchers do them (ops_cpu.cpp); the CUDA kernels instead guard
-// against out-of-range values on the device (csrc/cuda/kernels.h says how).
+// against out-of-range values on the device (csrc/cuda/kernels.h says how). Also the input
+// preparation that the CPU and CUDA launchers share (checks.h).
+#include <ATen/ops/empty.h>
+
 #include <cmath>
 #include <limits>
 
@@ -107,12 +110,12 @@ void check_verify_sample_inputs(const at::Tensor& logits, const at::Tensor& beam
   TORCH_CHECK_VALUE(top_p > 0.0 && top_p <= 1.0, op, ": top_p must be a float in (0, 1] (1: no top-p), got ", top_p);
 }
 
+namespace {
 
-void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes,
-                             const at::Tensor& accept_len) {
-  constexpr const char* op = "kv_compact";
-  check_dim(op, "kv", kv, 6, "n_layers, 2, B, H_kv, S, D");
-  check_float_dtype(op, "kv", kv);
+// kv_compact and kv_compact_paged: the metadata of cache_len, path_nodes and accept_len (devices
+// compared with the cache tensor kv)...
+void check_kv_index_inputs(const char* op, const at::Tensor& kv, const at::Tensor& cache_len,
+                           const at::Tensor& path_nodes, const at::Tensor& accept_len) {
   check_dim(op, "cache_len", cache_len, 1, "B");
   TORCH_CHECK_TYPE(cache_len.scalar_type() == at::kInt, op, ": cache_len must have dtype int32, got ",
                    cache_len.scalar_type());
@@ -123,9 +126,11 @@ void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, 
   check_dim(op, "accept_len", accept_len, 1, "B");
   check_index_dtype(op, "accept_len", accept_len);
   check_same_device(op, "accept_len", accept_len, kv);
-  const int64_t B = kv.size(2), S = kv.size(4);
-  TORCH_CHECK_VALUE(kv.size(1) == 2, op, ": kv dim 1 must be 2 (K and V), got shape ", kv.sizes());
-  TORCH_CHECK_VALUE(kv.is_contiguous(), op, ": kv must be contiguous (it is updated in place)");
+}
+
+// ... and their shapes against the batch B and the row capacity S (s_note says what S is).
+void check_kv_index_shapes(const char* op, int64_t B, int64_t S, const char* s_note, const at::Tensor& cache_len,
+                           const at::Tensor& path_nodes, const at::Tensor& accept_len) {
   TORCH_CHECK_VALUE(cache_len.size(0) == B, op, ": cache_len must have shape (B,) = (", B, ",), got ",
                     cache_len.sizes());
   TORCH_CHECK_VALUE(accept_len.size(0) == B, op, ": accept_len must have shape (B,) = (", B, ",), got ",
@@ -133,7 +138,21 @@ void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, 
   TORCH_CHECK_VALUE(path_nodes.size(0) == B, op, ": path_nodes must have shape (B, L) with B=", B, ", got ",
                     path_nodes.sizes());
   const int64_t L = path_nodes.size(1);
-  TORCH_CHECK_VALUE(L >= 1 && L <= S, op, ": path_nodes length L=", L, " must be in [1, S=", S, "]");
+  TORCH_CHECK_VALUE(L >= 1 && L <= S, op, ": path_nodes length L=", L, " must be in [1, S=", S, "]", s_note);
+}
+
+}  // namespace
+
+void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes,
+                             const at::Tensor& accept_len) {
+  constexpr const char* op = "kv_compact";
+  check_dim(op, "kv", kv, 6, "n_layers, 2, B, H_kv, S, D");
+  check_float_dtype(op, "kv", kv);
+  check_kv_index_inputs(op, kv, cache_len, path_nodes, accept_len);
+  const int64_t B = kv.size(2), S = kv.size(4);
+  TORCH_CHECK_VALUE(kv.size(1) == 2, op, ": kv dim 1 must be 2 (K and V), got shape ", kv.sizes());
+  TORCH_CHECK_VALUE(kv.is_contiguous(), op, ": kv must be contiguous (it is updated in place)");
+  check_kv_index_shapes(op, B, S, "", cache_len, path_nodes, accept_len);
 }
 
 // kv_pages [n_layers, num_blocks, 2, H_kv, block_size, D] (layers stacked so that one launch covers
@@ -148,16 +167,7 @@ void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor&
   TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt, op, ": block_table must have dtype int32, got ",
                    block_table.scalar_type());
   check_same_device(op, "block_table", block_table, kv_pages);
-  check_dim(op, "cache_len", cache_len, 1, "B");
-  TORCH_CHECK_TYPE(cache_len.scalar_type() == at::kInt, op, ": cache_len must have dtype int32, got ",
-                   cache_len.scalar_type());
-  check_same_device(op, "cache_len", cache_len, kv_pages);
-  check_dim(op, "path_nodes", path_nodes, 2, "B, L");
-  check_index_dtype(op, "path_nodes", path_nodes);
-  check_same_device(op, "path_nodes", path_nodes, kv_pages);
-  check_dim(op, "accept_len", accept_len, 1, "B");
-  check_index_dtype(op, "accept_len", accept_len);
-  check_same_device(op, "accept_len", accept_len, kv_pages);
+  check_kv_index_inputs(op, kv_pages, cache_len, path_nodes, accept_len);
   TORCH_CHECK_VALUE(kv_pages.size(2) == 2, op, ": kv_pages dim 2 must be 2 (K and V), got shape ", kv_pages.sizes());
   TORCH_CHECK_VALUE(kv_pages.size(1) >= 1 && kv_pages.size(4) >= 1, op,
                     ": kv_pages must have num_blocks >= 1 and block_size >= 1, got shape ", kv_pages.sizes());
@@ -165,15 +175,41 @@ void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor&
                     kv_pages.size(1), " blocks but block ids must fit in int32");
   TORCH_CHECK_VALUE(kv_pages.is_contiguous(), op, ": kv_pages must be contiguous (it is updated in place)");
   const int64_t B = block_table.size(0), S = block_table.size(1) * kv_pages.size(4);
-  TORCH_CHECK_VALUE(cache_len.size(0) == B, op, ": cache_len must have shape (B,) = (", B, ",), got ",
-                    cache_len.sizes());
-  TORCH_CHECK_VALUE(accept_len.size(0) == B, op, ": accept_len must have shape (B,) = (", B, ",), got ",
-                    accept_len.sizes());
-  TORCH_CHECK_VALUE(path_nodes.size(0) == B, op, ": path_nodes must have shape (B, L) with B=", B, ", got ",
-                    path_nodes.sizes());
-  const int64_t L = path_nodes.size(1);
-  TORCH_CHECK_VALUE(L >= 1 && L <= S, op, ": path_nodes length L=", L, " must be in [1, S=", S,
-                    "] (S = max_blocks * block_size)");
+  check_kv_index_shapes(op, B, S, " (S = max_blocks * block_size)", cache_len, path_nodes, accept_len);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input preparation
+
+BeamTopkInputs prepare_beam_topk(const at::Tensor& logits_in, const at::Tensor& scores_in,
+                                 const at::Tensor& tokens_in, const at::Tensor& state_in) {
+  return {logits_in.contiguous(), scores_in.contiguous(), tokens_in.contiguous(), state_in.contiguous(),
+          logits_in.size(0), logits_in.size(1), logits_in.size(2), tokens_in.size(2), state_in.size(2)};
+}
+
+VerifyArgs prepare_verify(const at::Tensor& logits_in, const at::Tensor& beams_in, const at::Tensor& beam_node_in) {
+  VerifyArgs v;
+  v.logits = logits_in.contiguous();
+  v.idx = common_index_type(beams_in, beam_node_in);
+  v.beams = beams_in.to(v.idx).contiguous();
+  v.beam_node = beam_node_in.to(v.idx).contiguous();
+  v.B = beams_in.size(0);
+  v.W = beams_in.size(1);
+  v.L = beams_in.size(2);
+  v.NL = logits_in.size(1);
+  v.V = logits_in.size(2);
+  const auto i32 = v.logits.options().dtype(at::kInt);
+  v.accept_len = at::empty({v.B}, i32);
+  v.best_beam = at::empty({v.B}, i32);
+  v.path_nodes = at::empty({v.B, v.L}, i32);
+  v.next_token = at::empty({v.B}, i32);
+  return v;
+}
+
+KvCompactArgs prepare_kv_compact(const at::Tensor& cache_len, const at::Tensor& path_nodes,
+                                 const at::Tensor& accept_len) {
+  const auto idx = common_index_type(path_nodes, accept_len);
+  return {path_nodes.to(idx).contiguous(), accept_len.to(idx).contiguous(), cache_len.contiguous(), idx};
 }
 
 }  // namespace redrafter

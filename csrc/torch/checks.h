@@ -1,10 +1,12 @@
 // Input validation for the torch launchers. Every message starts with the op name and names the
-// argument; TORCH_CHECK_VALUE/TYPE surface in Python as ValueError/TypeError.
+// argument; TORCH_CHECK_VALUE/TYPE surface in Python as ValueError/TypeError. Also the input
+// preparation (contiguous copies, output allocation) that the CPU and CUDA launchers share.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <string>
+#include <tuple>
 
 namespace redrafter {
 
@@ -51,5 +53,48 @@ void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, 
 void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor& block_table,
                                    const at::Tensor& cache_len, const at::Tensor& path_nodes,
                                    const at::Tensor& accept_len);
+
+// ---------------------------------------------------------------------------------------------
+// Input preparation shared by the CPU and CUDA launchers (after their checks and device guard).
+
+// One index type for two index inputs: int64 when either is, since widening never changes a value
+// (so no value is truncated before the CPU's range checks or the CUDA kernels' guards see it).
+inline at::ScalarType common_index_type(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kLong || b.scalar_type() == at::kLong ? at::kLong : at::kInt;
+}
+
+// beam_topk's inputs, contiguous, and their sizes.
+struct BeamTopkInputs {
+  at::Tensor logits, scores, tokens, state;
+  int64_t B, W, V, L, D;
+};
+BeamTopkInputs prepare_beam_topk(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
+                                 const at::Tensor& state);
+
+// verify_greedy / verify_sample: logits contiguous, beams and beam_node contiguous in their common
+// index type idx, sizes (NL = logits.size(1)), and the four int32 outputs, allocated.
+struct VerifyArgs {
+  at::Tensor logits, beams, beam_node;
+  at::ScalarType idx;
+  int64_t B, W, L, NL, V;
+  at::Tensor accept_len, best_beam, path_nodes, next_token;  // [B], [B], [B, L], [B]
+
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs() const {
+    return {accept_len, best_beam, path_nodes, next_token};
+  }
+};
+VerifyArgs prepare_verify(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node);
+
+// kv_compact / kv_compact_paged: path_nodes and accept_len contiguous in their common index type,
+// cache_len contiguous (cache_len itself when it already is; else finish_kv_compact copies back).
+struct KvCompactArgs {
+  at::Tensor path_nodes, accept_len, lens;
+  at::ScalarType idx;
+};
+KvCompactArgs prepare_kv_compact(const at::Tensor& cache_len, const at::Tensor& path_nodes,
+                                 const at::Tensor& accept_len);
+inline void finish_kv_compact(const at::Tensor& cache_len, const KvCompactArgs& args) {
+  if (!args.lens.is_same(cache_len)) cache_len.copy_(args.lens);
+}
 
 }  // namespace redrafter

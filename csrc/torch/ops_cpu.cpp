@@ -37,12 +37,6 @@ void dispatch_float(at::ScalarType t, const char* op, F&& f) {
 
 constexpr int64_t kMaxToken = std::numeric_limits<int32_t>::max();
 
-// One index type for two index inputs (one template instantiation per call): int64 when either is,
-// so that no value is truncated before it is range-checked.
-at::ScalarType common_index_type(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == at::kLong || b.scalar_type() == at::kLong ? at::kLong : at::kInt;
-}
-
 template <typename I>
 void check_tree_values(const I* parent, const I* num_nodes, int64_t B, int64_t N) {
   for (int64_t b = 0; b < B; ++b) {
@@ -90,12 +84,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const a
                                                                          const at::Tensor& state_in, int64_t step) {
   check_beam_topk_inputs(logits_in, scores_in, tokens_in, state_in, step);
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "beam_topk: logits must be a CPU tensor for the CPU kernel");
-  const at::Tensor logits = logits_in.contiguous();
-  const at::Tensor scores = scores_in.contiguous();
-  const at::Tensor tokens = tokens_in.contiguous();
-  const at::Tensor state = state_in.contiguous();
-  const int64_t B = logits.size(0), W = logits.size(1), V = logits.size(2);
-  const int64_t L = tokens.size(2), D = state.size(2);
+  const auto [logits, scores, tokens, state, B, W, V, L, D] =
+      prepare_beam_topk(logits_in, scores_in, tokens_in, state_in);
   AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "beam_topk", [&] {
     const index_t* t = tokens.const_data_ptr<index_t>();
     for (int64_t r = 0; r < B * W; ++r) {
@@ -184,32 +174,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_tri
 // ---------------------------------------------------------------------------------------------
 // verify_greedy
 
+// Every beam_node value must be a node of logits (dim 1, NL nodes); `also(k)` then checks more of
+// position k, so that the first bad position (in memory order) is the one reported.
+template <typename I, typename F>
+void check_node_ids(const char* op, const I* bn, int64_t B, int64_t W, int64_t L, int64_t NL, F&& also) {
+  for (int64_t k = 0; k < B * W * L; ++k) {
+    const int64_t n = static_cast<int64_t>(bn[k]);
+    TORCH_CHECK_VALUE(n >= 0 && n < NL, op, ": beam_node[", k / (W * L), ", ", (k / L) % W, ", ", k % L, "] = ", n,
+                      " is outside the ", NL, " nodes of logits (dim 1)");
+    also(k);
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tensor& logits_in,
                                                                              const at::Tensor& beams_in,
                                                                              const at::Tensor& beam_node_in) {
   check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "verify_greedy: logits must be a CPU tensor for the CPU kernel");
-  const at::Tensor logits = logits_in.contiguous();
-  const auto idx = common_index_type(beams_in, beam_node_in);
-  const at::Tensor beams = beams_in.to(idx).contiguous();
-  const at::Tensor beam_node = beam_node_in.to(idx).contiguous();
-  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
-  const int64_t NL = logits.size(1), V = logits.size(2);
-  const auto i32 = logits.options().dtype(at::kInt);
-  at::Tensor accept_len = at::empty({B}, i32);
-  at::Tensor best_beam = at::empty({B}, i32);
-  at::Tensor path_nodes = at::empty({B, L}, i32);
-  at::Tensor next_token = at::empty({B}, i32);
-  at::Tensor target = at::empty({B, NL}, i32);  // per-node argmax cache
+  const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
+  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
+  at::Tensor target = at::empty({B, NL}, logits.options().dtype(at::kInt));  // per-node argmax cache
   AT_DISPATCH_INDEX_TYPES(idx, "verify_greedy", [&] {
     const index_t* bm = beams.const_data_ptr<index_t>();
     const index_t* bn = beam_node.const_data_ptr<index_t>();
     check_token_ids("verify_greedy", "beams", bm, B, W, L);
-    for (int64_t k = 0; k < B * W * L; ++k) {
-      const int64_t n = static_cast<int64_t>(bn[k]);
-      TORCH_CHECK_VALUE(n >= 0 && n < NL, "verify_greedy: beam_node[", k / (W * L), ", ", (k / L) % W, ", ", k % L,
-                        "] = ", n, " is outside the ", NL, " nodes of logits (dim 1)");
-    }
+    check_node_ids("verify_greedy", bn, B, W, L, NL, [](int64_t) {});
     dispatch_float(logits.scalar_type(), "verify_greedy", [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       // about L argmaxes of V per row
@@ -222,7 +211,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(con
       });
     });
   });
-  return {accept_len, best_beam, path_nodes, next_token};
+  return v.outputs();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,29 +238,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cpu(
     }
   }
   if (temperature == 0.0) return verify_greedy_cpu(logits_in, beams_in, beam_node_in);  // greedy, exactly
-  const at::Tensor logits = logits_in.contiguous();
-  const auto idx = common_index_type(beams_in, beam_node_in);
-  const at::Tensor beams = beams_in.to(idx).contiguous();
-  const at::Tensor beam_node = beam_node_in.to(idx).contiguous();
-  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
-  const int64_t NL = logits.size(1), V = logits.size(2);
-  const auto i32 = logits.options().dtype(at::kInt);
-  at::Tensor accept_len = at::empty({B}, i32);
-  at::Tensor best_beam = at::empty({B}, i32);
-  at::Tensor path_nodes = at::empty({B, L}, i32);
-  at::Tensor next_token = at::empty({B}, i32);
+  const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
+  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
   AT_DISPATCH_INDEX_TYPES(idx, "verify_sample", [&] {
     const index_t* bm = beams.const_data_ptr<index_t>();
     const index_t* bn = beam_node.const_data_ptr<index_t>();
     check_token_ids("verify_sample", "beams", bm, B, W, L);
-    for (int64_t k = 0; k < B * W * L; ++k) {
-      const int64_t n = static_cast<int64_t>(bn[k]);
-      TORCH_CHECK_VALUE(n >= 0 && n < NL, "verify_sample: beam_node[", k / (W * L), ", ", (k / L) % W, ", ", k % L,
-                        "] = ", n, " is outside the ", NL, " nodes of logits (dim 1)");
+    check_node_ids("verify_sample", bn, B, W, L, NL, [&](int64_t k) {
       TORCH_CHECK_VALUE(k % L == 0 || static_cast<int64_t>(bm[k]) < V, "verify_sample: beams[", k / (W * L), ", ",
                         (k / L) % W, ", ", k % L, "] = ", static_cast<int64_t>(bm[k]),
                         " is a draft token outside the vocabulary V = ", V, " (logits dim 2)");
-    }
+    });
     dispatch_float(logits.scalar_type(), "verify_sample", [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       // about L softmaxes (and W sums) of V per row
@@ -285,7 +262,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cpu(
       });
     });
   });
-  return {accept_len, best_beam, path_nodes, next_token};
+  return v.outputs();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -295,10 +272,8 @@ void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at:
                     const at::Tensor& accept_len_in) {
   check_kv_compact_inputs(kv, cache_len, path_nodes_in, accept_len_in);
   TORCH_CHECK_VALUE(kv.is_cpu(), "kv_compact: kv must be a CPU tensor for the CPU kernel");
-  const auto idx = common_index_type(path_nodes_in, accept_len_in);
-  const at::Tensor path_nodes = path_nodes_in.to(idx).contiguous();
-  const at::Tensor accept_len = accept_len_in.to(idx).contiguous();
-  const at::Tensor lens = cache_len.contiguous();  // cache_len itself when contiguous
+  const KvCompactArgs args = prepare_kv_compact(cache_len, path_nodes_in, accept_len_in);
+  const auto& [path_nodes, accept_len, lens, idx] = args;
   const int64_t B = kv.size(2), H = kv.size(3), S = kv.size(4), L = path_nodes.size(1);
   const int64_t slot_bytes = kv.size(5) * static_cast<int64_t>(kv.element_size());
   AT_DISPATCH_INDEX_TYPES(idx, "kv_compact", [&] {
@@ -330,7 +305,7 @@ void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at:
     }
     cpu::kv_compact_advance<index_t>(lens.mutable_data_ptr<int32_t>(), acc, B);
   });
-  if (!lens.is_same(cache_len)) cache_len.copy_(lens);
+  finish_kv_compact(cache_len, args);
 }
 
 }  // namespace

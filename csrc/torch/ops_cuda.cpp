@@ -1,76 +1,18 @@
-// CUDA launchers. They include no CUDA torch headers: the current stream and the device guard come
-// from torch's C shim (resolved at run time from whichever libtorch is loaded), so the module
-// builds against a CPU torch and still runs on the caller's device and stream under a CUDA torch.
+// CUDA launchers. They include no CUDA torch headers (stream and device guard: torch/cuda_launch.h).
 // Metadata is validated exactly like the CPU launchers (torch/checks.h). Values are not read on
 // the host (that would synchronise and break CUDA graph capture): the kernels guard against
 // out-of-range values themselves, as csrc/cuda/kernels.h documents per op.
 #include <ATen/ops/empty.h>
-#include <torch/csrc/inductor/aoti_torch/c/shim.h>
-#include <torch/csrc/stable/c/shim.h>
 #include <torch/library.h>
 
 #include <tuple>
 
 #include "cuda/kernels.h"
 #include "torch/checks.h"
+#include "torch/cuda_launch.h"
 
 namespace redrafter {
 namespace {
-
-// Makes t's device current for the scope (device-generic guard of torch's C shim).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(const at::Tensor& t) {
-    TORCH_CHECK(aoti_torch_create_device_guard(t.get_device(), &guard_) == AOTI_TORCH_SUCCESS,
-                "redrafter: could not set the CUDA device");
-  }
-  ~DeviceGuard() { aoti_torch_delete_device_guard(guard_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  DeviceGuardHandle guard_ = nullptr;
-};
-
-cudaStream_t current_stream(const at::Tensor& t) {
-  StreamHandle handle = nullptr;
-  void* native = nullptr;
-  TORCH_CHECK(aoti_torch_get_current_stream(t.get_device(), &handle) == AOTI_TORCH_SUCCESS,
-              "redrafter: could not get the current CUDA stream");
-  const bool ok = torch_stream_native_handle(handle, &native) == AOTI_TORCH_SUCCESS;
-  aoti_torch_delete_stream(handle);
-  TORCH_CHECK(ok, "redrafter: could not get the native CUDA stream handle");
-  return static_cast<cudaStream_t>(native);
-}
-
-void check_cuda(cudaError_t e, const char* op) {
-  TORCH_CHECK(e == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(e));
-}
-
-void check_on_cuda(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor for the CUDA kernel");
-}
-
-cuda::FloatType float_type(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kHalf:
-      return cuda::FloatType::kFloat16;
-    case at::kBFloat16:
-      return cuda::FloatType::kBFloat16;
-    default:
-      return cuda::FloatType::kFloat32;  // the checks admit only these three
-  }
-}
-
-cuda::IndexType index_type(at::ScalarType t) {
-  return t == at::kLong ? cuda::IndexType::kInt64 : cuda::IndexType::kInt32;
-}
-
-// int64 when either input is: widening never changes a value, so the kernels' guards see the
-// caller's values
-at::ScalarType common_index_type(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == at::kLong || b.scalar_type() == at::kLong ? at::kLong : at::kInt;
-}
 
 at::Tensor tree_mask_cuda(const at::Tensor& node_parent_in, const at::Tensor& num_nodes_in, bool packed) {
   check_tree_mask_inputs(node_parent_in, num_nodes_in);
@@ -96,12 +38,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cuda(const 
   check_beam_topk_inputs(logits_in, scores_in, tokens_in, state_in, step);
   check_on_cuda("beam_topk", "logits", logits_in);
   DeviceGuard guard(logits_in);
-  const at::Tensor logits = logits_in.contiguous();
-  const at::Tensor scores = scores_in.contiguous();
-  const at::Tensor tokens = tokens_in.contiguous();
-  const at::Tensor state = state_in.contiguous();
-  const int64_t B = logits.size(0), W = logits.size(1), V = logits.size(2);
-  const int64_t L = tokens.size(2), D = state.size(2);
+  const auto [logits, scores, tokens, state, B, W, V, L, D] =
+      prepare_beam_topk(logits_in, scores_in, tokens_in, state_in);
   const auto i32 = logits.options().dtype(at::kInt);
   at::Tensor scores_out = at::empty({B, W}, logits.options().dtype(at::kFloat));
   at::Tensor tokens_out = at::empty({B, W, L}, i32);
@@ -148,23 +86,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(co
   check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);
   check_on_cuda("verify_greedy", "logits", logits_in);
   DeviceGuard guard(logits_in);
-  const at::Tensor logits = logits_in.contiguous();
-  const auto idx = common_index_type(beams_in, beam_node_in);
-  const at::Tensor beams = beams_in.to(idx).contiguous();
-  const at::Tensor beam_node = beam_node_in.to(idx).contiguous();
-  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
-  const auto i32 = logits.options().dtype(at::kInt);
-  at::Tensor accept_len = at::empty({B}, i32);
-  at::Tensor best_beam = at::empty({B}, i32);
-  at::Tensor path_nodes = at::empty({B, L}, i32);
-  at::Tensor next_token = at::empty({B}, i32);
-  check_cuda(cuda::verify_greedy(logits.const_data_ptr(), float_type(logits), logits.size(1), logits.size(2),
-                                 beams.const_data_ptr(), beam_node.const_data_ptr(), index_type(idx), B, W, L,
+  const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
+  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
+  check_cuda(cuda::verify_greedy(logits.const_data_ptr(), float_type(logits), NL, V, beams.const_data_ptr(),
+                                 beam_node.const_data_ptr(), index_type(idx), B, W, L,
                                  accept_len.mutable_data_ptr<int32_t>(), best_beam.mutable_data_ptr<int32_t>(),
                                  path_nodes.mutable_data_ptr<int32_t>(), next_token.mutable_data_ptr<int32_t>(),
                                  current_stream(logits)),
              "verify_greedy");
-  return {accept_len, best_beam, path_nodes, next_token};
+  return v.outputs();
 }
 
 // verify_sample: metadata checks only (no host reads of the uniforms, tokens or node ids, so the
@@ -176,29 +106,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cuda(
   check_verify_sample_inputs(logits_in, beams_in, beam_node_in, accept_u_in, sample_u_in, temperature, top_k, top_p);
   check_on_cuda("verify_sample", "logits", logits_in);
   DeviceGuard guard(logits_in);
-  const at::Tensor logits = logits_in.contiguous();
-  const auto idx = common_index_type(beams_in, beam_node_in);
-  const at::Tensor beams = beams_in.to(idx).contiguous();
-  const at::Tensor beam_node = beam_node_in.to(idx).contiguous();
+  const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
+  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
   const at::Tensor accept_u = accept_u_in.contiguous();
   const at::Tensor sample_u = sample_u_in.contiguous();
-  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2), V = logits.size(2);
-  const auto i32 = logits.options().dtype(at::kInt);
-  at::Tensor accept_len = at::empty({B}, i32);
-  at::Tensor best_beam = at::empty({B}, i32);
-  at::Tensor path_nodes = at::empty({B, L}, i32);
-  at::Tensor next_token = at::empty({B}, i32);
   // float64 p of each row's current node (unused when greedy)
   at::Tensor workspace = at::empty({temperature == 0.0 ? 0 : B * V}, logits.options().dtype(at::kDouble));
-  check_cuda(cuda::verify_sample(logits.const_data_ptr(), float_type(logits), logits.size(1), V,
-                                 beams.const_data_ptr(), beam_node.const_data_ptr(), index_type(idx), B, W, L,
+  check_cuda(cuda::verify_sample(logits.const_data_ptr(), float_type(logits), NL, V, beams.const_data_ptr(),
+                                 beam_node.const_data_ptr(), index_type(idx), B, W, L,
                                  accept_u.const_data_ptr<float>(), sample_u.const_data_ptr<float>(), temperature, top_k,
                                  top_p, accept_len.mutable_data_ptr<int32_t>(), best_beam.mutable_data_ptr<int32_t>(),
                                  path_nodes.mutable_data_ptr<int32_t>(), next_token.mutable_data_ptr<int32_t>(),
                                  workspace.numel() > 0 ? workspace.mutable_data_ptr() : nullptr,
                                  current_stream(logits)),
              "verify_sample");
-  return {accept_len, best_beam, path_nodes, next_token};
+  return v.outputs();
 }
 
 void kv_compact_cuda(const at::Tensor& kv, const at::Tensor& cache_len, const at::Tensor& path_nodes_in,
@@ -206,17 +128,14 @@ void kv_compact_cuda(const at::Tensor& kv, const at::Tensor& cache_len, const at
   check_kv_compact_inputs(kv, cache_len, path_nodes_in, accept_len_in);
   check_on_cuda("kv_compact", "kv", kv);
   DeviceGuard guard(kv);
-  const auto idx = common_index_type(path_nodes_in, accept_len_in);
-  const at::Tensor path_nodes = path_nodes_in.to(idx).contiguous();
-  const at::Tensor accept_len = accept_len_in.to(idx).contiguous();
-  const at::Tensor lens = cache_len.contiguous();  // cache_len itself when contiguous
-  const int64_t B = kv.size(2), H = kv.size(3), S = kv.size(4), L = path_nodes.size(1);
-  check_cuda(cuda::kv_compact(kv.numel() > 0 ? kv.mutable_data_ptr() : nullptr, kv.size(0), B, H, S,
-                              kv.size(5) * static_cast<int64_t>(kv.element_size()), lens.mutable_data_ptr<int32_t>(),
-                              path_nodes.const_data_ptr(), accept_len.const_data_ptr(), index_type(idx), L,
+  const KvCompactArgs a = prepare_kv_compact(cache_len, path_nodes_in, accept_len_in);
+  check_cuda(cuda::kv_compact(kv.numel() > 0 ? kv.mutable_data_ptr() : nullptr, kv.size(0), kv.size(2), kv.size(3),
+                              kv.size(4), kv.size(5) * static_cast<int64_t>(kv.element_size()),
+                              a.lens.mutable_data_ptr<int32_t>(), a.path_nodes.const_data_ptr(),
+                              a.accept_len.const_data_ptr(), index_type(a.idx), a.path_nodes.size(1),
                               current_stream(kv)),
              "kv_compact");
-  if (!lens.is_same(cache_len)) cache_len.copy_(lens);
+  finish_kv_compact(cache_len, a);
 }
 
 }  // namespace

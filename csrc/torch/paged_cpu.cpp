@@ -49,12 +49,9 @@ void kv_compact_paged_cpu(const at::Tensor& kv_pages, const at::Tensor& block_ta
                           const at::Tensor& path_nodes_in, const at::Tensor& accept_len_in) {
   check_kv_compact_paged_inputs(kv_pages, block_table_in, cache_len, path_nodes_in, accept_len_in);
   TORCH_CHECK_VALUE(kv_pages.is_cpu(), kOp, ": kv_pages must be a CPU tensor for the CPU kernel");
-  const auto idx =
-      path_nodes_in.scalar_type() == at::kLong || accept_len_in.scalar_type() == at::kLong ? at::kLong : at::kInt;
-  const at::Tensor path_nodes = path_nodes_in.to(idx).contiguous();
-  const at::Tensor accept_len = accept_len_in.to(idx).contiguous();
+  const KvCompactArgs args = prepare_kv_compact(cache_len, path_nodes_in, accept_len_in);
+  const auto& [path_nodes, accept_len, lens, idx] = args;
   const at::Tensor block_table = block_table_in.contiguous();
-  const at::Tensor lens = cache_len.contiguous();  // cache_len itself when contiguous
   const int64_t n_layers = kv_pages.size(0), num_blocks = kv_pages.size(1), H = kv_pages.size(3);
   const int64_t block_size = kv_pages.size(4), B = block_table.size(0), max_blocks = block_table.size(1);
   const int64_t L = path_nodes.size(1);
@@ -90,7 +87,7 @@ void kv_compact_paged_cpu(const at::Tensor& kv_pages, const at::Tensor& block_ta
     }
     cpu::kv_compact_advance<index_t>(lens.mutable_data_ptr<int32_t>(), acc, B);
   });
-  if (!lens.is_same(cache_len)) cache_len.copy_(lens);
+  finish_kv_compact(cache_len, args);
 }
 
 }  // namespace
