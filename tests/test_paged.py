@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cases import gen
 from helpers import OracleDrafter, random_drafter, random_target
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,10 +27,6 @@ import emu_build  # noqa: E402
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 SEEDS = (1, 2, 3)
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def paged_inputs(B, L, block_size, dtype, seed, idx=torch.int64, n_layers=2, H=2, D=8, S=40, spare=3, garbage=True):
