@@ -25,15 +25,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import _ext
-from ._checks import (
-    check_beam_topk,
-    check_build_trie,
-    check_kv_compact,
-    check_tree_mask,
-    check_verify_greedy,
-    check_verify_sample,
-)
+from . import _checks, _ext
 
 __all__ = ["beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact", "HAS_METAL"]
 
@@ -96,7 +88,7 @@ def beam_topk(
     >>> t[0].tolist(), p[0].tolist()
     ([[7, 1, 0], [7, 2, 0]], [0, 0])
     """
-    check_beam_topk(logits, scores, tokens, state, step)
+    _checks.check_beam_topk(logits, scores, tokens, state, step)
     return tuple(_ext.beam_topk(logits, scores, _i32(tokens), state, step, stream=stream))
 
 
@@ -121,7 +113,7 @@ def build_trie(beams: mx.array, *, stream: Stream = None) -> tuple[mx.array, ...
     >>> token[0].tolist(), parent[0].tolist(), n.tolist()
     ([5, 1, 2, 3, 4, 2, 0], [-1, 0, 1, 1, 0, 4, -1], [6])
     """
-    check_build_trie(beams)
+    _checks.check_build_trie(beams)
     return tuple(_ext.build_trie(_i32(beams), stream=stream))
 
 
@@ -150,7 +142,7 @@ def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False, 
     >>> tree_mask(mx.array([[-1, 0, 1, 0]]), mx.array([4]), packed=True)[0, :, 0].tolist()
     [1, 3, 7, 9]
     """
-    check_tree_mask(node_parent, num_nodes)
+    _checks.check_tree_mask(node_parent, num_nodes)
     return _ext.tree_mask(_i32(node_parent), _i32(num_nodes), bool(packed), stream=stream)
 
 
@@ -183,7 +175,7 @@ def verify_greedy(
     >>> [x.tolist() for x in verify_greedy(logits, beams, beam_node)]
     [[2], [1], [[0, 1, 3]], [4]]
     """
-    check_verify_greedy(logits, beams, beam_node)
+    _checks.check_verify_greedy(logits, beams, beam_node)
     return tuple(_ext.verify_greedy(logits, _i32(beams), _i32(beam_node), stream=stream))
 
 
@@ -232,7 +224,7 @@ def verify_sample(
     accept_len, best_beam, path_nodes, next_token : int32 ``(B,)``, ``(B,)``, ``(B, L)``, ``(B,)``
         as ``verify_greedy``; ``next_token`` is sampled at the stop node.
     """
-    check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
+    _checks.check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
     top_k = min(top_k, 2**31 - 1)  # >= V is "off" anyway
     return tuple(
         _ext.verify_sample(
@@ -282,5 +274,5 @@ def kv_compact(
     >>> kv[0, 0, 0, 0, :, 0].tolist(), cache_len.tolist()
     ([0.0, 1.0, 3.0, 5.0, 4.0, 5.0], [4])
     """
-    check_kv_compact(kv, cache_len, path_nodes, accept_len)
+    _checks.check_kv_compact(kv, cache_len, path_nodes, accept_len)
     return tuple(_ext.kv_compact(kv, cache_len, _i32(path_nodes), _i32(accept_len), stream=stream))

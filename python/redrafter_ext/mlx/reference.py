@@ -25,14 +25,7 @@ import math
 
 import mlx.core as mx
 
-from ._checks import (
-    check_beam_topk,
-    check_build_trie,
-    check_kv_compact,
-    check_tree_mask,
-    check_verify_greedy,
-    check_verify_sample,
-)
+from . import _checks
 
 __all__ = [
     "beam_topk",
@@ -79,7 +72,7 @@ def beam_topk(
         ``(scores (B, W) f32, tokens (B, W, L) i32, state (B, W, D), parent (B, W) i32)``, beams
         sorted by score descending, ties to the lower flat index ``w * V + v``.
     """
-    check_beam_topk(logits, scores, tokens, state, step)
+    _checks.check_beam_topk(logits, scores, tokens, state, step)
     B, W, V = logits.shape
     L = tokens.shape[2]
 
@@ -111,7 +104,7 @@ def build_trie(beams: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array,
         ``node_token, node_parent, node_depth`` ``(B, N)`` i32 (padding: token 0, parent -1,
         depth 0; the root has parent -1), ``beam_node`` ``(B, W, L)`` i32, ``num_nodes`` ``(B,)`` i32.
     """
-    check_build_trie(beams)
+    _checks.check_build_trie(beams)
     B, W, L = beams.shape
     N = num_nodes_max(W, L)
     beams = beams.astype(mx.int32)
@@ -159,7 +152,7 @@ def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False) 
         bool ``(B, N, N)`` (``mask[b, i, j]``: node j is an ancestor-or-self of node i), or, when
         ``packed``, int32 ``(B, N, ceil(N/32))``, bit ``j % 32`` of word ``j // 32``, LSB first.
     """
-    check_tree_mask(node_parent, num_nodes)
+    _checks.check_tree_mask(node_parent, num_nodes)
     B, N = node_parent.shape
     node = mx.arange(N, dtype=mx.int32)
     valid = node[None, :] < num_nodes.astype(mx.int32)[:, None]
@@ -200,7 +193,7 @@ def verify_greedy(
         ``accept_len (B,)`` (0..L-1), ``best_beam (B,)`` (ties to the lowest beam), ``path_nodes
         (B, L)`` (root first, -1 past it), ``next_token (B,)`` (argmax at the last accepted node). int32.
     """
-    check_verify_greedy(logits, beams, beam_node)
+    _checks.check_verify_greedy(logits, beams, beam_node)
     B, W, L = beams.shape
     target = mx.argmax(logits, axis=-1).astype(mx.int32)  # [B, N]; first maximum on ties
     bn = mx.clip(beam_node.astype(mx.int32), 0, logits.shape[1] - 1)
@@ -324,7 +317,7 @@ def verify_sample(
     Returns:
         As ``verify_greedy``; ``best_beam`` is the lowest beam containing the accepted path. int32.
     """
-    check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
+    _checks.check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
     B, W, L = beams.shape
     if float(temperature) == 0.0:
         return verify_greedy(logits, beams, beam_node)
@@ -400,7 +393,7 @@ def kv_compact(
     Returns:
         ``(kv, cache_len)``: the new cache (same shape and dtype) and the new lengths (int32).
     """
-    check_kv_compact(kv, cache_len, path_nodes, accept_len)
+    _checks.check_kv_compact(kv, cache_len, path_nodes, accept_len)
     n_layers, two, B, H, S, D = kv.shape
     L = path_nodes.shape[1]
     i = mx.arange(L, dtype=mx.int32)
