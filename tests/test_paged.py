@@ -15,7 +15,7 @@ from cases import gen
 from helpers import OracleDrafter, random_drafter, random_target
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_decode import NoHostSync, _forbidden  # the no-host-sync mechanism of decode_step's tests
+from test_decode import steps_without_host_sync  # the no-host-sync check of decode_step's tests
 
 import redrafter_ext as rx
 from redrafter_ext import reference as ref
@@ -366,14 +366,7 @@ def test_paged_decode_step_never_syncs(target, backend, monkeypatch):
     ops = {"native": rx.ops, "reference": rx.reference}[backend]
     paged = shuffled_paged(target, 3, 7 + 16 + 13, 5, seed=8)
     state = _start(target, PROMPTS_3, 16, 13, None, None, None, paged)
-    drafter = random_drafter(target)
-    for name in ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"):
-        monkeypatch.setattr(torch.Tensor, name, _forbidden(name))
-    with NoHostSync():
-        for _ in range(3):
-            rx.decode_step(target, drafter, state, beam_width=4, beam_length=4, ops=ops)
-    monkeypatch.undo()
-    assert int(state.num_out.min()) >= 3
+    steps_without_host_sync(monkeypatch, target, random_drafter(target), state, ops)
 
 
 def test_paged_bad_input(target):
