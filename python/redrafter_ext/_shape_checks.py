@@ -12,6 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
+def num_nodes_max(beam_width: int, beam_length: int) -> int:
+    """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce."""
+    return 1 + beam_width * (beam_length - 1)
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -130,9 +135,9 @@ class ArrayChecks:
             raise ValueError(f"{op}: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
         if logits.shape[0] != B:
             raise ValueError(f"{op}: logits has batch {logits.shape[0]} but beams has batch {B}")
-        if logits.shape[1] < 1 + W * (L - 1):
+        if logits.shape[1] < num_nodes_max(W, L):
             raise ValueError(
-                f"{op}: logits must cover N >= 1 + W*(L-1) = {1 + W * (L - 1)} nodes, got shape {tuple(logits.shape)}"
+                f"{op}: logits must cover N >= 1 + W*(L-1) = {num_nodes_max(W, L)} nodes, got shape {tuple(logits.shape)}"
             )
         if logits.shape[2] < 1:
             raise ValueError(f"{op}: logits must have 1 <= V < 2^31, got shape {tuple(logits.shape)}")

@@ -25,6 +25,7 @@ import math
 
 import mlx.core as mx
 
+from .._shape_checks import num_nodes_max
 from . import _checks
 
 __all__ = [
@@ -38,10 +39,6 @@ __all__ = [
     "sampling_probs",
     "sample_inverse_cdf",
 ]
-
-def num_nodes_max(beam_width: int, beam_length: int) -> int:
-    """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce."""
-    return 1 + beam_width * (beam_length - 1)
 
 
 def _gather(a: mx.array, idx: mx.array, axis: int) -> mx.array:
