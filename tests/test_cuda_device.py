@@ -10,6 +10,7 @@ import itertools
 
 import pytest
 import torch
+from cases import beam_inputs, gen
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -19,10 +20,6 @@ if torch.cuda.is_available():
     from redrafter_ext import reference as ref
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def same(cuda_out, cpu_out, what, float_atol=None):
@@ -35,19 +32,6 @@ def same(cuda_out, cpu_out, what, float_atol=None):
             torch.testing.assert_close(a, b, atol=float_atol, rtol=1e-6, equal_nan=True)
         else:
             assert torch.equal(a, b), f"{what} output {k} differs"
-
-
-def beam_inputs(B, W, V, L, D, dtype, step, seed, tokens_dtype=torch.int64):
-    g = gen(seed)
-    logits = (torch.randn(B, W, V, generator=g) * 3).to(dtype)
-    if step == 1:
-        scores = torch.full((B, W), float("-inf"))
-        scores[:, 0] = 0.0
-    else:
-        scores = -(torch.rand(B, W, generator=g) * 10).sort(dim=1).values
-    tokens = torch.randint(0, V, (B, W, L), generator=g).to(tokens_dtype)
-    state = torch.randn(B, W, D, generator=g).to(dtype)
-    return logits, scores, tokens, state, step
 
 
 def cuda(args):

@@ -131,14 +131,19 @@ def test_decode_step_never_syncs(target, ar3, backend, monkeypatch):
         state = _start(target, PROMPTS_3, 16, 13, ar3.tokens[1][3], None)
         ref = torch.tensor([r[:16] + [0] * 8 for r in ar3.tokens])
         drafter = random_drafter(target) if drafter_kind == "random" else OracleDrafter(ref, state.num_out, 97)
-        # Python-level host reads are caught too (they need not dispatch an aten op)
-        for name in ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"):
-            monkeypatch.setattr(torch.Tensor, name, _forbidden(name))
-        with NoHostSync():
-            for _ in range(3):
-                rx.decode_step(target, drafter, state, beam_width=4, beam_length=4, ops=ops)
-        monkeypatch.undo()
-        assert int(state.num_out.min()) >= 3
+        steps_without_host_sync(monkeypatch, target, drafter, state, ops)
+
+
+def steps_without_host_sync(monkeypatch, target, drafter, state, ops, steps=3):
+    """``steps`` decode steps that fail on any host read, then at least ``steps`` tokens per row."""
+    # Python-level host reads are caught too (they need not dispatch an aten op)
+    for name in ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, _forbidden(name))
+    with NoHostSync():
+        for _ in range(steps):
+            rx.decode_step(target, drafter, state, beam_width=4, beam_length=4, ops=ops)
+    monkeypatch.undo()
+    assert int(state.num_out.min()) >= steps
 
 
 def _forbidden(name):

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cases import beam_inputs, gen, greedy_logits, kv_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,10 +37,6 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 @pytest.fixture(scope="module")
 def emu():
     return metal_build.build()
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def run_seeds(emu, fn, *args, seeds=SEEDS, **kw):
@@ -128,25 +125,6 @@ def test_tree_mask_padding_and_bad_parents(emu):
 # verify_greedy
 
 
-def greedy_logits(beams, beam_node, V, follow, seed, dtype=torch.float32):
-    g = gen(seed)
-    B, W, L = beams.shape
-    N = 1 + W * (L - 1)
-    logits = torch.randn(B, N, V, generator=g)
-    for b in range(B):
-        children = {}
-        for w, d in itertools.product(range(W), range(L - 1)):
-            children.setdefault(int(beam_node[b, w, d]), []).append(int(beams[b, w, d + 1]))
-        for node in range(N):
-            kids = children.get(node, [])
-            if kids and torch.rand((), generator=g) < follow:
-                tok = kids[int(torch.randint(0, len(kids), (), generator=g))]
-            else:
-                tok = int(torch.randint(0, V, (), generator=g))
-            logits[b, node, tok] = 10.0
-    return logits.to(dtype)
-
-
 def check_verify(emu, logits, beams, beam_node):
     exp = ref.verify_greedy(logits, beams, beam_node)
     for seed, got in run_seeds(emu, mo.verify_greedy, logits, beams, beam_node):
@@ -192,24 +170,6 @@ def test_verify_greedy_ties_nan_inf(emu, dtype):
 
 # ------------------------------------------------------------------------------------------------
 # kv_compact
-
-
-def kv_inputs(n_layers, B, H, S, D, L, dtype, seed):
-    g = gen(seed)
-    kv = torch.randn(n_layers, 2, B, H, S, D, generator=g).to(dtype)
-    acc = torch.randint(-1, L, (B,), generator=g)
-    path = torch.full((B, L), -1, dtype=torch.int64)
-    cache_len = torch.zeros(B, dtype=torch.int32)
-    for b in range(B):
-        a = int(acc[b])
-        for i in range(a + 1):
-            path[b, i] = i + int(torch.randint(0, S - L + 1, (), generator=g))
-        top = int(path[b, : a + 1].max()) if a >= 0 else -1
-        hi = S - 1 - top if a >= 0 else S
-        cache_len[b] = int(torch.randint(0, hi + 1, (), generator=g))
-        if b == 0 and a >= 0:
-            cache_len[b] = hi
-    return kv, cache_len, path, acc
 
 
 def check_kv(emu, kv, cache_len, path, acc):
@@ -290,19 +250,6 @@ def test_negative_unbound_buffer(emu):
 
 # ------------------------------------------------------------------------------------------------
 # beam_topk
-
-
-def beam_inputs(B, W, V, L, D, dtype, step, seed, state_dtype=None):
-    g = gen(seed)
-    logits = (torch.randn(B, W, V, generator=g) * 3).to(dtype)
-    if step == 1:
-        scores = torch.full((B, W), float("-inf"))
-        scores[:, 0] = 0.0
-    else:
-        scores = -(torch.rand(B, W, generator=g) * 10).sort(dim=1).values
-    tokens = torch.randint(0, V, (B, W, L), generator=g)
-    state = torch.randn(B, W, D, generator=g).to(state_dtype or dtype)
-    return logits, scores, tokens, state, step
 
 
 def check_beam_topk(emu, args, atol=1e-5, seeds=SEEDS):

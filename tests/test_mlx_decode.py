@@ -258,16 +258,7 @@ def test_generate_first_tokens_follow_target(method, tmp_path):
     mt = rxm.LlamaTarget.from_pretrained(tmp_path / "t")
     md = rxm.Drafter.from_pretrained(tmp_path / "d", dtype=mx.float32)
     prompt = [1, 4, 2, 7]
-    with torch.no_grad():
-        truth = torch.ones(1, dtype=torch.float64)
-        seqs = torch.zeros(1, 0, dtype=torch.int64)
-        for _ in range(n):
-            toks = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
-            kv = tgt.new_kv_cache(len(seqs), toks.shape[1])
-            logits, _ = tgt.prefill(toks, torch.full((len(seqs),), toks.shape[1], dtype=torch.int32), kv)
-            p = rx.reference.sampling_probs(logits, temperature, top_k, top_p)
-            truth = (truth[:, None] * p).reshape(-1)
-            seqs = torch.cat([seqs.repeat_interleave(Vs, 0), torch.arange(Vs).repeat(len(seqs))[:, None]], dim=1)
+    truth = ts.joint_first_tokens(tgt, prompt, n, temperature, top_k, top_p)
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
     if method in ("redrafter", "biased"):
         ops = mref if method == "redrafter" else _biased_ops()

@@ -17,7 +17,9 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
+import cases  # noqa: E402
 import torch  # noqa: E402
+from cases import beam_inputs, follow_tokens, gen  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -26,10 +28,6 @@ from redrafter_ext.mlx import ops  # noqa: E402
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def to_mx(t: torch.Tensor) -> mx.array:
@@ -45,28 +43,11 @@ def to_torch(a: mx.array) -> torch.Tensor:
 
 
 def assert_same(got, expected, what=""):
-    got = [to_torch(a) for a in got]
-    assert len(got) == len(expected), what
-    for k, (a, b) in enumerate(zip(got, expected)):
-        assert a.dtype == b.dtype, f"{what} output {k}: dtype {a.dtype} != {b.dtype}"
-        assert torch.equal(a, b), f"{what} output {k} differs:\nmlx {a}\nreference {b}"
+    cases.assert_same([to_torch(a) for a in got], expected, what, "mlx")
 
 
 # ------------------------------------------------------------------------------------------------
 # beam_topk
-
-
-def beam_inputs(B, W, V, L, D, dtype, step, seed, tokens_dtype=torch.int64, state_dtype=None):
-    g = gen(seed)
-    logits = (torch.randn(B, W, V, generator=g) * 3).to(dtype)
-    if step == 1:
-        scores = torch.full((B, W), float("-inf"))
-        scores[:, 0] = 0.0
-    else:
-        scores = -(torch.rand(B, W, generator=g) * 10).sort(dim=1).values
-    tokens = torch.randint(0, V, (B, W, L), generator=g).to(tokens_dtype)
-    state = torch.randn(B, W, D, generator=g).to(state_dtype or dtype)
-    return logits, scores, tokens, state, step
 
 
 def check_beam_topk(args, atol=1e-5, layout=lambda a: a):
@@ -180,17 +161,8 @@ def trie_case(B, W, L, V, dtype, seed, follow=0.7, extra_nodes=0, alphabet=4):
     _, _, _, beam_node, _ = ref.build_trie(beams)
     N = 1 + W * (L - 1) + extra_nodes
     logits = torch.randn(B, N, V, generator=g)
-    for b in range(B):
-        children = {}
-        for w, d in itertools.product(range(W), range(L - 1)):
-            children.setdefault(int(beam_node[b, w, d]), []).append(int(beams[b, w, d + 1]))
-        for node in range(N):
-            kids = children.get(node, [])
-            if kids and torch.rand((), generator=g) < follow:
-                tok = kids[int(torch.randint(0, len(kids), (), generator=g))]
-            else:
-                tok = int(torch.randint(0, V, (), generator=g))
-            logits[b, node, tok] += 4.0
+    tok = follow_tokens(g, beams, beam_node, N, V, follow)[..., None]
+    logits.scatter_(2, tok, logits.gather(2, tok) + 4.0)
     return logits.to(dtype), beams, beam_node
 
 
@@ -254,20 +226,8 @@ def test_verify_sample_out_of_range_values_are_clamped():
 # kv_compact
 
 
-def kv_inputs(n_layers, B, H, S, D, L, dtype, seed, idx=torch.int64):
-    g = gen(seed)
-    kv = torch.randn(n_layers, 2, B, H, S, D, generator=g).to(dtype)
-    acc = torch.randint(-1, L, (B,), generator=g)
-    path = torch.full((B, L), -1, dtype=torch.int64)
-    cache_len = torch.zeros(B, dtype=torch.int32)
-    for b in range(B):
-        a = int(acc[b])
-        for i in range(a + 1):  # path[i] >= i, not necessarily increasing
-            path[b, i] = i + int(torch.randint(0, S - L + 1, (), generator=g))
-        top = int(path[b, : a + 1].max()) if a >= 0 else -1
-        hi = S - 1 - top if a >= 0 else S
-        cache_len[b] = hi if b == 0 and a >= 0 else int(torch.randint(0, hi + 1, (), generator=g))
-    return kv, cache_len, path.to(idx), acc.to(idx)
+def kv_inputs(*args, **kw):
+    return cases.kv_inputs(*args, draw_row0=False, **kw)  # this file's cases: row 0's length set, not drawn
 
 
 def ref_kv(kv, cache_len, path, acc):

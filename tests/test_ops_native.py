@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from cases import assert_same, beam_inputs, gen, greedy_logits, kv_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,31 +23,8 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def assert_same(native, expected, what=""):
-    for k, (a, b) in enumerate(zip(native, expected, strict=True)):
-        assert a.dtype == b.dtype, f"{what} output {k}: dtype {a.dtype} != {b.dtype}"
-        assert torch.equal(a, b), f"{what} output {k} differs:\nnative {a}\nreference {b}"
-
-
 # ------------------------------------------------------------------------------------------------
 # beam_topk
-
-
-def beam_inputs(B, W, V, L, D, dtype, step, seed, tokens_dtype=torch.int64, state_dtype=None):
-    g = gen(seed)
-    logits = (torch.randn(B, W, V, generator=g) * 3).to(dtype)
-    if step == 1:
-        scores = torch.full((B, W), float("-inf"))
-        scores[:, 0] = 0.0
-    else:
-        scores = -(torch.rand(B, W, generator=g) * 10).sort(dim=1).values
-    tokens = torch.randint(0, V, (B, W, L), generator=g).to(tokens_dtype)
-    state = torch.randn(B, W, D, generator=g).to(state_dtype or dtype)
-    return logits, scores, tokens, state, step
 
 
 def check_beam_topk(args, atol=1e-5):
@@ -227,27 +205,6 @@ def test_build_trie_layout():
 # verify_greedy
 
 
-def greedy_logits(beams, beam_node, num_nodes, V, follow, seed, dtype=torch.float32, extra_nodes=0):
-    """Logits whose argmax at a node is, with probability ``follow``, the token of one of its children
-    (so the beam through that child is accepted one more step), else a random token."""
-    g = gen(seed)
-    B, W, L = beams.shape
-    N = 1 + W * (L - 1) + extra_nodes
-    logits = torch.randn(B, N, V, generator=g)
-    for b in range(B):
-        children = {}
-        for w, d in itertools.product(range(W), range(L - 1)):
-            children.setdefault(int(beam_node[b, w, d]), []).append(int(beams[b, w, d + 1]))
-        for node in range(N):
-            kids = children.get(node, [])
-            if kids and torch.rand((), generator=g) < follow:
-                tok = kids[int(torch.randint(0, len(kids), (), generator=g))]
-            else:
-                tok = int(torch.randint(0, V, (), generator=g))
-            logits[b, node, tok] = 10.0
-    return logits.to(dtype)
-
-
 def check_verify(logits, beams, beam_node):
     got = ops.verify_greedy(logits, beams, beam_node)
     exp = ref.verify_greedy(logits, beams, beam_node)
@@ -260,7 +217,7 @@ def check_verify(logits, beams, beam_node):
 def test_verify_greedy_hypothesis(beams, follow, seed, dtype):
     _, _, _, beam_node, n = ref.build_trie(beams)
     V = int(beams.max()) + 2
-    logits = greedy_logits(beams, beam_node, n, V, follow, seed, dtype, extra_nodes=seed % 3)
+    logits = greedy_logits(beams, beam_node, V, follow, seed, dtype, extra_nodes=seed % 3)
     check_verify(logits, beams, beam_node.to(beams.dtype))
 
 
@@ -269,7 +226,7 @@ def test_verify_greedy_acceptance_varies():
     _, _, _, beam_node, n = ref.build_trie(beams)
     seen = set()
     for k, follow in enumerate((0.0, 0.5, 0.8, 1.0)):
-        acc = check_verify(greedy_logits(beams, beam_node, n, 6, follow, seed=k), beams, beam_node)
+        acc = check_verify(greedy_logits(beams, beam_node, 6, follow, seed=k), beams, beam_node)
         seen |= set(acc.tolist())
     assert len(seen) >= 4, seen  # the constructed logits really do exercise several lengths
 
@@ -299,32 +256,13 @@ def test_verify_greedy_argmax_ties(dtype):
 def test_verify_greedy_sizes(B, W, L, V, dtype):
     beams = torch.randint(0, 4, (B, W, L), generator=gen(W + L))
     _, _, _, beam_node, n = ref.build_trie(beams)
-    logits = greedy_logits(beams, beam_node, n, V, 0.7, seed=V, dtype=dtype)
+    logits = greedy_logits(beams, beam_node, V, 0.7, seed=V, dtype=dtype)
     check_verify(logits, beams.to(torch.int32), beam_node.to(torch.int64))
     check_verify(logits.transpose(0, 1).contiguous().transpose(0, 1), beams, beam_node)
 
 
 # ------------------------------------------------------------------------------------------------
 # kv_compact
-
-
-def kv_inputs(n_layers, B, H, S, D, L, dtype, seed, idx=torch.int64):
-    g = gen(seed)
-    kv = torch.randn(n_layers, 2, B, H, S, D, generator=g).to(dtype)
-    acc = torch.randint(-1, L, (B,), generator=g)
-    path = torch.full((B, L), -1, dtype=torch.int64)
-    cache_len = torch.zeros(B, dtype=torch.int32)
-    for b in range(B):
-        a = int(acc[b])
-        # path[i] = i + extra, extra in [0, S-L]: path[i] >= i and < S, not necessarily increasing
-        for i in range(a + 1):
-            path[b, i] = i + int(torch.randint(0, S - L + 1, (), generator=g))
-        top = int(path[b, : a + 1].max()) if a >= 0 else -1
-        hi = S - 1 - top if a >= 0 else S  # an inactive row may be full
-        cache_len[b] = int(torch.randint(0, hi + 1, (), generator=g))
-        if b == 0 and a >= 0:
-            cache_len[b] = hi  # touch the last slot
-    return kv, cache_len, path.to(idx), acc.to(idx)
 
 
 def check_kv(kv, cache_len, path, acc):
@@ -368,7 +306,7 @@ def test_kv_compact_hypothesis(B, L, seed, dtype):
 def opcheck_samples():
     beams = torch.randint(0, 3, (2, 4, 4), generator=gen(11))
     _, parent, _, beam_node, n = ref.build_trie(beams)
-    logits = greedy_logits(beams, beam_node, n, 5, 0.7, seed=12)
+    logits = greedy_logits(beams, beam_node, 5, 0.7, seed=12)
     kv, cache_len, path, acc = kv_inputs(2, 3, 2, 12, 4, 4, torch.float32, seed=13)
     return [
         ("tree_mask", (parent, n, False)),

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cases import gen
 from helpers import OracleDrafter, random_drafter, random_target
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_decode import NoHostSync, _forbidden  # the no-host-sync mechanism of decode_step's tests
+from test_decode import steps_without_host_sync  # the no-host-sync check of decode_step's tests
 
 import redrafter_ext as rx
 from redrafter_ext import reference as ref
@@ -26,10 +27,6 @@ import emu_build  # noqa: E402
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 SEEDS = (1, 2, 3)
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def paged_inputs(B, L, block_size, dtype, seed, idx=torch.int64, n_layers=2, H=2, D=8, S=40, spare=3, garbage=True):
@@ -369,14 +366,7 @@ def test_paged_decode_step_never_syncs(target, backend, monkeypatch):
     ops = {"native": rx.ops, "reference": rx.reference}[backend]
     paged = shuffled_paged(target, 3, 7 + 16 + 13, 5, seed=8)
     state = _start(target, PROMPTS_3, 16, 13, None, None, None, paged)
-    drafter = random_drafter(target)
-    for name in ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"):
-        monkeypatch.setattr(torch.Tensor, name, _forbidden(name))
-    with NoHostSync():
-        for _ in range(3):
-            rx.decode_step(target, drafter, state, beam_width=4, beam_length=4, ops=ops)
-    monkeypatch.undo()
-    assert int(state.num_out.min()) >= 3
+    steps_without_host_sync(monkeypatch, target, random_drafter(target), state, ops)
 
 
 def test_paged_bad_input(target):

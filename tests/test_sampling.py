@@ -577,6 +577,23 @@ def test_decode_step_explicit_uniforms(target):
         rx.decode_step(target, random_drafter(target), state, beam_width=4, beam_length=4, uniforms=u)
 
 
+@torch.no_grad()
+def joint_first_tokens(tgt, prompt, n, temperature, top_k, top_p):
+    """Exact probability of each sequence of the first ``n`` sampled tokens after ``prompt``,
+    float64 ``(V**n,)`` indexed by the tokens as base-V digits (first most significant)."""
+    Vs = tgt.vocab_size
+    truth = torch.ones(1, dtype=torch.float64)
+    seqs = torch.zeros(1, 0, dtype=torch.int64)
+    for _ in range(n):
+        toks = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
+        kv = tgt.new_kv_cache(len(seqs), toks.shape[1])
+        logits, _ = tgt.prefill(toks, torch.full((len(seqs),), toks.shape[1], dtype=torch.int32), kv)
+        p = ref.sampling_probs(logits, temperature, top_k, top_p)  # [S, V]
+        truth = (truth[:, None] * p).reshape(-1)
+        seqs = torch.cat([seqs.repeat_interleave(Vs, 0), torch.arange(Vs).repeat(len(seqs))[:, None]], dim=1)
+    return truth
+
+
 @pytest.mark.parametrize("method", ["redrafter", "autoregressive"])
 def test_generate_first_tokens_follow_target(method):
     # end to end on a model: 20k rows of one prompt, the first 3 generated tokens (the prefill
@@ -584,16 +601,7 @@ def test_generate_first_tokens_follow_target(method):
     Vs, B, n, temperature, top_k, top_p = 11, 20_000, 3, 1.0, 8, 0.95
     tgt = random_target(vocab=Vs, hidden=32, layers=1, seed=3)
     prompt = [1, 4, 2, 7]
-    with torch.no_grad():
-        truth = torch.ones(1, dtype=torch.float64)
-        seqs = torch.zeros(1, 0, dtype=torch.int64)
-        for _ in range(n):
-            toks = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
-            kv = tgt.new_kv_cache(len(seqs), toks.shape[1])
-            logits, _ = tgt.prefill(toks, torch.full((len(seqs),), toks.shape[1], dtype=torch.int32), kv)
-            p = ref.sampling_probs(logits, temperature, top_k, top_p)  # [S, V]
-            truth = (truth[:, None] * p).reshape(-1)
-            seqs = torch.cat([seqs.repeat_interleave(Vs, 0), torch.arange(Vs).repeat(len(seqs))[:, None]], dim=1)
+    truth = joint_first_tokens(tgt, prompt, n, temperature, top_k, top_p)
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
     if method == "redrafter":
         out = rx.generate(tgt, random_drafter(tgt), [prompt] * B, n, beam_width=3, beam_length=3, **kw)

@@ -323,32 +323,48 @@ std::vector<int32_t> clamped_nodes(const int32_t* bn, int64_t n, int64_t n_rows)
   return out;
 }
 
+// Both verify ops give accept_len (B,), best_beam (B,), path_nodes (B, L), next_token (B,), int32.
+std::vector<mx::Shape> verify_output_shapes(const mx::array& beams) {
+  const int B = beams.shape(0), L = beams.shape(2);
+  return {{B}, {B}, {B, L}, {B}};
+}
+
+std::vector<mx::array> verify_outputs(const mx::array& beams, std::shared_ptr<mx::Primitive> prim,
+                                      std::vector<mx::array> inputs) {
+  return mx::array::make_arrays(verify_output_shapes(beams), {mx::int32, mx::int32, mx::int32, mx::int32},
+                                std::move(prim), std::move(inputs));
+}
+
+// Sizes of a verify op's evaluation inputs: logits (B, NL, V), beams (B, W, L).
+struct VerifySizes {
+  int64_t B, W, L, NL, V;
+};
+
+VerifySizes verify_sizes(const std::vector<mx::array>& in) {
+  return {in[1].shape(0), in[1].shape(1), in[1].shape(2), in[0].shape(1), in[0].shape(2)};
+}
+
 }  // namespace
 
 std::vector<mx::array> verify_greedy(const mx::array& logits, const mx::array& beams, const mx::array& beam_node,
                                      mx::StreamOrDevice s) {
   check_verify("verify_greedy", logits, beams, beam_node);
-  const int B = beams.shape(0), L = beams.shape(2);
   auto st = mx::to_stream(s);
-  return mx::array::make_arrays({{B}, {B}, {B, L}, {B}}, {mx::int32, mx::int32, mx::int32, mx::int32},
-                                std::make_shared<VerifyGreedy>(st),
-                                {dense(logits, st), dense(beams, st), dense(beam_node, st)});
+  return verify_outputs(beams, std::make_shared<VerifyGreedy>(st),
+                        {dense(logits, st), dense(beams, st), dense(beam_node, st)});
 }
 
 std::vector<mx::Shape> VerifyGreedy::output_shapes(const std::vector<mx::array>& in) {
-  const int B = in[1].shape(0), L = in[1].shape(2);
-  return {{B}, {B}, {B, L}, {B}};
+  return verify_output_shapes(in[1]);
 }
 
 void VerifyGreedy::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) {
   for (auto& o : out) alloc(o);
-  const auto &logits = in[0], &beams = in[1], &beam_node = in[2];
-  const int64_t B = beams.shape(0), W = beams.shape(1), L = beams.shape(2);
-  const int64_t NL = logits.shape(1), V = logits.shape(2);
+  const auto [B, W, L, NL, V] = verify_sizes(in);
   auto& enc = encoder_for(stream(), in, out);
-  dispatch_float(logits.dtype(), [&](auto* tag) {
+  dispatch_float(in[0].dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    enc.dispatch([x = ptr<T>(logits), bm = ptr<int32_t>(beams), bn_in = ptr<int32_t>(beam_node),
+    enc.dispatch([x = ptr<T>(in[0]), bm = ptr<int32_t>(in[1]), bn_in = ptr<int32_t>(in[2]),
                   acc = ptr<int32_t>(out[0]), best = ptr<int32_t>(out[1]), path = ptr<int32_t>(out[2]),
                   next = ptr<int32_t>(out[3]), B, W, L, NL, V]() {
       // draft tokens are only compared with argmaxes; node ids index logits rows
@@ -389,26 +405,22 @@ std::vector<mx::array> verify_sample(const mx::array& logits, const mx::array& b
   if (!(top_p > 0.0 && top_p <= 1.0)) fail(op, "top_p must be in (0, 1] (1: no top-p)");
   if (temperature == 0.0) return verify_greedy(logits, beams, beam_node, s);  // greedy, exactly
   auto st = mx::to_stream(s);
-  return mx::array::make_arrays(
-      {{B}, {B}, {B, L}, {B}}, {mx::int32, mx::int32, mx::int32, mx::int32},
-      std::make_shared<VerifySample>(st, temperature, top_k, top_p),
+  return verify_outputs(
+      beams, std::make_shared<VerifySample>(st, temperature, top_k, top_p),
       {dense(logits, st), dense(beams, st), dense(beam_node, st), dense(accept_u, st), dense(sample_u, st)});
 }
 
 std::vector<mx::Shape> VerifySample::output_shapes(const std::vector<mx::array>& in) {
-  const int B = in[1].shape(0), L = in[1].shape(2);
-  return {{B}, {B}, {B, L}, {B}};
+  return verify_output_shapes(in[1]);
 }
 
 void VerifySample::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) {
   for (auto& o : out) alloc(o);
-  const auto &logits = in[0], &beams = in[1], &beam_node = in[2];
-  const int64_t B = beams.shape(0), W = beams.shape(1), L = beams.shape(2);
-  const int64_t NL = logits.shape(1), V = logits.shape(2);
+  const auto [B, W, L, NL, V] = verify_sizes(in);
   auto& enc = encoder_for(stream(), in, out);
-  dispatch_float(logits.dtype(), [&](auto* tag) {
+  dispatch_float(in[0].dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    enc.dispatch([x = ptr<T>(logits), bm_in = ptr<int32_t>(beams), bn_in = ptr<int32_t>(beam_node),
+    enc.dispatch([x = ptr<T>(in[0]), bm_in = ptr<int32_t>(in[1]), bn_in = ptr<int32_t>(in[2]),
                   au = ptr<float>(in[3]), su = ptr<float>(in[4]), acc = ptr<int32_t>(out[0]),
                   best = ptr<int32_t>(out[1]), path = ptr<int32_t>(out[2]), next = ptr<int32_t>(out[3]), B, W, L, NL,
                   V, temperature = temperature_, top_k = int64_t{top_k_}, top_p = top_p_]() {

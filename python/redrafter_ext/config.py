@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["LlamaConfig"]
+__all__ = ["LlamaConfig", "ConfigSizes"]
 
 
 @dataclass
@@ -60,3 +60,20 @@ class LlamaConfig:
         d.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
                  attention_bias=False, mlp_bias=False, torch_dtype="float32")
         return d
+
+
+class ConfigSizes:
+    """``vocab_size`` and ``hidden_size`` of the target protocol, read from ``self.config``.
+
+    Shared by every target whose config carries them (the torch and MLX ``LlamaTarget``, the HF adapter).
+    """
+
+    config: LlamaConfig
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size

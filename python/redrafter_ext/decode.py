@@ -20,7 +20,6 @@ a seed reproduces the output exactly. Temperature 0 is greedy decoding, bit for 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ._checks import FLOAT_DTYPES, check_tensor
+from ._generate_common import GenerateOutput, cache_length, check_generate_args, check_sampling, prompt_rows
 from .models import PagedKV
 from .profiling import StageTimer
 from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
@@ -74,14 +74,7 @@ class SamplingParams:
     generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
-            raise ValueError(f"sampling: temperature must be a finite float >= 0, got {t!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"sampling: top_k must be an int >= 0 (0: off), got {self.top_k!r}")
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise ValueError(f"sampling: top_p must be a float in (0, 1] (1: off), got {p!r}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:
@@ -285,38 +278,13 @@ def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden,
     return n_commit
 
 
-@dataclass
-class GenerateOutput:
-    """tokens: generated ids per row (EOS included when hit); steps/nodes: per-row decode steps and
-    trie nodes verified; state: the final decode state (cache included)."""
-
-    tokens: list[list[int]]
-    steps: list[int]
-    nodes: list[int]
-    state: DecodeState
-
-    @property
-    def tokens_per_step(self) -> float:
-        """Mean committed tokens per decode step over all rows (accepted + 1)."""
-        return sum(map(len, self.tokens)) / max(1, sum(self.steps))
-
-
 def _prepare_prompts(target, prompts: Sequence[Sequence[int]] | Tensor, device) -> tuple[Tensor, Tensor]:
     """Right-pad prompts into ``(B, T)`` int64 + ``lengths (B,)`` after validating them on the host."""
     if isinstance(prompts, Tensor):
         if prompts.dim() != 2:
             raise ValueError(f"generate: prompts must be a (B, T) tensor or a list of lists, got shape {tuple(prompts.shape)}")
         prompts = prompts.tolist()  # sync-ok: host-side validation before decoding starts
-    rows = [list(map(int, p)) for p in prompts]
-    if not rows:
-        raise ValueError("generate: prompts is empty")
-    V = target.vocab_size
-    for b, p in enumerate(rows):
-        if not p:
-            raise ValueError(f"generate: prompts[{b}] is empty")
-        bad = [t for t in p if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"generate: prompts[{b}] has token id {bad[0]} outside the vocabulary [0, {V})")
+    rows = prompt_rows(prompts, target.vocab_size)
     T = max(map(len, rows))
     tokens = torch.zeros(len(rows), T, dtype=torch.int64)
     for b, p in enumerate(rows):
@@ -330,15 +298,10 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
            sampling: SamplingParams | None = None, paged_kv: PagedKV | None = None):
     """Validate, allocate the cache (or take the caller's ``paged_kv``) and prefill (the first
     token sampled when ``sampling``)."""
-    if max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-    if eos_id is not None and not 0 <= eos_id < target.vocab_size:
-        raise ValueError(f"generate: eos_id={eos_id} is outside the vocabulary [0, {target.vocab_size})")
+    check_generate_args(max_new_tokens, eos_id, target.vocab_size)
     dev = target.embed_weight.device
     tokens, lengths = _prepare_prompts(target, prompts, dev)
     B, T = tokens.shape
-    # the tree of the last step starts at most at prompt + max_new - 1 and needs `slack` slots
-    need = T + max_new_tokens + slack
     if paged_kv is not None:
         if not isinstance(paged_kv, PagedKV):
             raise TypeError(f"generate: paged_kv must be a PagedKV, got {type(paged_kv).__name__}")
@@ -348,12 +311,7 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
             raise ValueError(f"generate: paged_kv has {paged_kv.batch} rows on {paged_kv.device}, "
                              f"the prompts need {B} on {dev}")
         max_len = paged_kv.length
-    S = max_len or need
-    if S < need:
-        raise ValueError(
-            f"generate: max_len={S} leaves no room: prompt {T} + max_new_tokens {max_new_tokens} "
-            f"+ trie N={slack} needs {need} cache slots"
-        )
+    S = cache_length(T, max_new_tokens, slack, max_len)
     kv = paged_kv if paged_kv is not None else target.new_kv_cache(B, S)
     logits, hidden = target.prefill(tokens, lengths, kv)
     z = torch.zeros(B, dtype=torch.int32, device=dev)

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import LlamaConfig
+from .config import ConfigSizes, LlamaConfig
 
-__all__ = ["LlamaConfig", "LlamaTarget", "PagedKV", "causal_tree_mask"]
+__all__ = ["LlamaConfig", "LlamaTarget", "PagedKV", "causal_tree_mask", "tree_visibility"]
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -84,6 +84,20 @@ def causal_tree_mask(lengths: Tensor, T: int) -> Tensor:
     """A chain 'tree' for prefill: ``(B, T, T)`` bool lower-triangular (padding rows included)."""
     tri = torch.ones(T, T, dtype=torch.bool, device=lengths.device).tril()
     return tri.expand(lengths.shape[0], T, T)
+
+
+def tree_visibility(tree_mask: Tensor, cache_len: Tensor, S: int) -> Tensor:
+    """Which of S cache slots each tree node attends to: ``(B, T, S)`` bool.
+
+    ``tree_mask (B, T, T)`` bool ancestor-or-self, ``cache_len (B,)`` int. Slot s is visible from
+    node t if it is committed (``s < cache_len``) or an ancestor-or-self of t in the tree block
+    written at ``cache_len .. cache_len+T-1``.
+    """
+    B, T, _ = tree_mask.shape
+    rel = torch.arange(S, device=tree_mask.device)[None, :] - cache_len.to(torch.int64)[:, None]  # [B, S]
+    in_tree = (rel >= 0) & (rel < T)
+    tree = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, S))
+    return (rel < 0)[:, None, :] | (in_tree[:, None, :] & tree)
 
 
 @dataclass
@@ -176,7 +190,7 @@ class PagedKV:
         return g.permute(2, 3, 0, 4, 1, 5).contiguous()
 
 
-class LlamaTarget(nn.Module):
+class LlamaTarget(ConfigSizes, nn.Module):
     """Llama causal LM with an explicit, caller-owned KV cache and tree attention."""
 
     def __init__(self, config: LlamaConfig) -> None:
@@ -190,15 +204,7 @@ class LlamaTarget(nn.Module):
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    # -- protocol -------------------------------------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
+    # -- protocol (vocab_size, hidden_size: ConfigSizes) ----------------------------------------
     @property
     def embed_weight(self) -> Tensor:
         return self.embed_tokens.weight
@@ -263,13 +269,8 @@ class LlamaTarget(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)
 
-        # key s is visible from tree node t if s is committed (s < cache_len) or s is an
-        # ancestor-or-self of t in the tree block written at cache_len..cache_len+T-1
+        visible = tree_visibility(tree_mask, cache_len, S)[:, None]  # [B, 1, T, S]
         base = cache_len.to(torch.int64)
-        rel = torch.arange(S, device=tokens.device)[None, :] - base[:, None]  # [B, S]
-        in_tree = (rel >= 0) & (rel < T)
-        tree = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, S))
-        visible = ((rel < 0)[:, None, :] | (in_tree[:, None, :] & tree))[:, None]  # [B, 1, T, S]
         new_slots = base[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
         if paged:
             # physical (block, offset) of the T written slots and of the S attended slots; the head

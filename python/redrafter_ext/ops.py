@@ -219,9 +219,8 @@ def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Ten
     return torch.ops.redrafter.verify_greedy(logits, beams, beam_node)
 
 
-@torch.library.register_fake("redrafter::verify_greedy")
-def _verify_greedy_fake(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Tensor, ...]:
-    check_verify_greedy(logits, beams, beam_node)
+def _verify_outputs_fake(logits: Tensor, beams: Tensor) -> tuple[Tensor, ...]:
+    """Both verify ops return accept_len (B,), best_beam (B,), path_nodes (B, L), next_token (B,) int32."""
     B, _, L = beams.shape
     return (
         logits.new_empty((B,), dtype=torch.int32),
@@ -229,6 +228,12 @@ def _verify_greedy_fake(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tup
         logits.new_empty((B, L), dtype=torch.int32),
         logits.new_empty((B,), dtype=torch.int32),
     )
+
+
+@torch.library.register_fake("redrafter::verify_greedy")
+def _verify_greedy_fake(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Tensor, ...]:
+    check_verify_greedy(logits, beams, beam_node)
+    return _verify_outputs_fake(logits, beams)
 
 
 def verify_sample(
@@ -308,13 +313,7 @@ def _verify_sample_fake(
     temperature: float, top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[Tensor, ...]:
     check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
-    B, _, L = beams.shape
-    return (
-        logits.new_empty((B,), dtype=torch.int32),
-        logits.new_empty((B,), dtype=torch.int32),
-        logits.new_empty((B, L), dtype=torch.int32),
-        logits.new_empty((B,), dtype=torch.int32),
-    )
+    return _verify_outputs_fake(logits, beams)
 
 
 def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor) -> None:
@@ -376,13 +375,8 @@ def kv_compact_paged(
         ``(B, max_blocks)`` int32; each row holds ``S = max_blocks * block_size`` logical slots. The
         blocks of the slots a step reads or writes must be ids in ``[0, num_blocks)`` belonging to
         one (row, logical block) each (checked on the CPU; the caller's contract on CUDA).
-    cache_len : Tensor
-        ``(B,)`` int32 in ``[0, S]`` (modified).
-    path_nodes : Tensor
-        ``(B, L)`` int32/int64 accepted path from ``verify_greedy``: ``path_nodes[b, i] >= i`` and
-        ``cache_len[b] + path_nodes[b, i] < S`` for ``i <= accept_len[b]``; ignored past it.
-    accept_len : Tensor
-        ``(B,)`` int32/int64 in ``[-1, L-1]``.
+    cache_len, path_nodes, accept_len : Tensor
+        As in ``kv_compact``, with ``S`` the logical length.
 
     Examples
     --------

@@ -28,6 +28,7 @@ from ._checks import (
     check_verify_greedy,
     check_verify_sample,
 )
+from ._shape_checks import num_nodes_max
 
 __all__ = [
     "beam_topk",
@@ -42,11 +43,6 @@ __all__ = [
     "sampling_probs",
     "sample_inverse_cdf",
 ]
-
-
-def num_nodes_max(beam_width: int, beam_length: int) -> int:
-    """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce."""
-    return 1 + beam_width * (beam_length - 1)
 
 
 def beam_topk(

@@ -12,17 +12,12 @@ slowest file to compile); that module must be loaded in a process started with l
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
-import subprocess
-import sysconfig
 from pathlib import Path
 
-import pybind11
+from cxx_build import CXX, build_module, cached_object, python_includes
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "tests" / ".emu_build"
-CXX = os.environ.get("CXX", "g++")
 BASE_FLAGS = ["-std=c++20", "-fPIC", "-DREDRAFTER_EMULATE", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
               "-Wno-unknown-pragmas"]
 OPT_FLAGS = ["-O2", "-g0"]
@@ -51,51 +46,13 @@ def _compile_cmds(sanitize: bool) -> list[tuple[list[str], Path]]:
         if src.suffix == ".cu":
             cmd = [CXX, *BASE_FLAGS, *(SAN_FLAGS if sanitize else OPT_FLAGS), *INCLUDES, "-x", "c++"]
         else:  # the bindings: never sanitized, shared by both builds
-            cmd = [CXX, *BASE_FLAGS, *OPT_FLAGS, *defs, *INCLUDES, "-I", sysconfig.get_paths()["include"],
-                   "-I", pybind11.get_include(), "-fvisibility=hidden"]
-        cmd += ["-c", str(src)]
-        key = hashlib.sha256(" ".join(cmd).encode() + headers + src.read_bytes()).hexdigest()[:16]
-        cmds.append((cmd, CACHE / "obj" / f"{src.name}.{key}.o"))
+            cmd = [CXX, *BASE_FLAGS, *OPT_FLAGS, *defs, *INCLUDES, *python_includes()]
+        cmds.append(cached_object(cmd + ["-c", str(src)], CACHE, src, headers, src.read_bytes()))
     return cmds
 
 
 def build(sanitize: bool = False):
     """Compile what is missing, link, import; returns the module."""
-    cmds = _compile_cmds(sanitize)
     link_flags = SAN_FLAGS if sanitize else OPT_FLAGS
-    key = hashlib.sha256(" ".join([*link_flags, *(str(o) for _, o in cmds)]).encode()).hexdigest()[:16]
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    lib = CACHE / f"{'san' if sanitize else 'opt'}-{key}" / f"redrafter_emu{suffix}"
-    if not lib.exists():
-        (CACHE / "obj").mkdir(parents=True, exist_ok=True)
-        jobs = max(1, os.cpu_count() or 1)
-        running: list[tuple[list[str], Path, subprocess.Popen]] = []
-
-        def finish(entry):
-            cmd, obj, p = entry
-            out, _ = p.communicate()
-            if p.returncode != 0:
-                raise RuntimeError(f"emulation build failed: {' '.join(cmd)}\n{out}")
-            obj.with_suffix(".tmp").rename(obj)
-
-        for cmd, obj in cmds:
-            if obj.exists():
-                continue
-            while len(running) >= jobs:
-                finish(running.pop(0))
-            full = cmd + ["-o", str(obj.with_suffix(".tmp"))]
-            running.append((full, obj, subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                         text=True)))
-        for entry in running:
-            finish(entry)
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        tmp = lib.with_suffix(".tmp")
-        cmd = [CXX, *link_flags, "-shared", *(str(o) for _, o in cmds), "-o", str(tmp)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"emulation link failed: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
-        tmp.rename(lib)
-    spec = importlib.util.spec_from_file_location("redrafter_emu", lib)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return build_module("redrafter_emu", CACHE, "san" if sanitize else "opt", _compile_cmds(sanitize), link_flags,
+                        "emulation")

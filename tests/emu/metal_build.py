@@ -4,7 +4,7 @@ Every ``csrc/metal/*.metal`` (and the negative controls, tests/emu/metal_negativ
 rewritten by :func:`rewrite` into C++ over the host shim (tests/shim/metal_shim.h), compiled with
 g++ and linked with the pybind11 bindings (tests/emu/metal_module.cpp). The rewritten sources,
 objects and the module are cached under tests/.emu_build/metal/, keyed by a hash of the sources,
-the shim and the flags (the same pattern as tests/emu/emu_build.py for the CUDA kernels).
+the shim and the flags (tests/emu/cxx_build.py, shared with emu_build.py for the CUDA kernels).
 
 The rewrite (the MSL subset it accepts is listed in tests/shim/metal_shim.h):
 - ``#include <metal_stdlib>`` -> ``#include "metal_shim.h"``;
@@ -19,19 +19,15 @@ The rewrite (the MSL subset it accepts is listed in tests/shim/metal_shim.h):
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
 import re
 import subprocess
-import sysconfig
 from pathlib import Path
 
-import pybind11
+from cxx_build import CXX, build_module, cached_object, python_includes
 
 ROOT = Path(__file__).resolve().parents[2]
 METAL = ROOT / "csrc" / "metal"
 CACHE = ROOT / "tests" / ".emu_build" / "metal"
-CXX = os.environ.get("CXX", "g++")
 FLAGS = ["-std=c++20", "-fPIC", "-DREDRAFTER_EMULATE", "-DREDRAFTER_METAL_EMULATE", "-Wall", "-Wextra", "-Werror",
          "-Wno-unused-parameter", "-Wno-unknown-pragmas", "-Wno-unused-variable", "-O2", "-g0"]
 BUILTINS = {
@@ -208,49 +204,8 @@ def build():
     """Compile what is missing, link, import; returns the module."""
     stage, srcs, digest = _stage()
     inc = ["-I", str(stage), "-I", str(ROOT / "tests" / "shim"), "-I", str(ROOT / "csrc")]
-    cmds = []
-    for src in srcs:
-        cmd = [CXX, *FLAGS, *inc, "-x", "c++", "-c", str(src)]
-        key = hashlib.sha256(" ".join(cmd).encode() + digest).hexdigest()[:16]
-        cmds.append((cmd, CACHE / "obj" / f"{src.name}.{key}.o"))
+    cmds = [cached_object([CXX, *FLAGS, *inc, "-x", "c++", "-c", str(src)], CACHE, src, digest) for src in srcs]
     mod_src = ROOT / "tests" / "emu" / "metal_module.cpp"
-    cmd = [CXX, *FLAGS, *inc, "-I", sysconfig.get_paths()["include"], "-I", pybind11.get_include(),
-           "-fvisibility=hidden", "-c", str(mod_src)]
-    key = hashlib.sha256(" ".join(cmd).encode() + digest + mod_src.read_bytes()).hexdigest()[:16]
-    cmds.append((cmd, CACHE / "obj" / f"{mod_src.name}.{key}.o"))
-    key = hashlib.sha256(" ".join(str(o) for _, o in cmds).encode()).hexdigest()[:16]
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    lib = CACHE / f"mod-{key}" / f"redrafter_metal_emu{suffix}"
-    if not lib.exists():
-        (CACHE / "obj").mkdir(parents=True, exist_ok=True)
-        jobs = max(1, os.cpu_count() or 1)
-        running: list[tuple[list[str], Path, subprocess.Popen]] = []
-
-        def finish(entry):
-            cmd, obj, p = entry
-            out, _ = p.communicate()
-            if p.returncode != 0:
-                raise RuntimeError(f"metal emulation build failed: {' '.join(cmd)}\n{out}")
-            obj.with_suffix(".tmp").rename(obj)
-
-        for cmd, obj in cmds:
-            if obj.exists():
-                continue
-            while len(running) >= jobs:
-                finish(running.pop(0))
-            full = cmd + ["-o", str(obj.with_suffix(".tmp"))]
-            running.append((full, obj, subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                         text=True)))
-        for entry in running:
-            finish(entry)
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        tmp = lib.with_suffix(".tmp")
-        cmd = [CXX, "-O2", "-shared", *(str(o) for _, o in cmds), "-o", str(tmp)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"metal emulation link failed: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
-        tmp.rename(lib)
-    spec = importlib.util.spec_from_file_location("redrafter_metal_emu", lib)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    cmd = [CXX, *FLAGS, *inc, *python_includes(), "-c", str(mod_src)]
+    cmds.append(cached_object(cmd, CACHE, mod_src, digest, mod_src.read_bytes()))
+    return build_module("redrafter_metal_emu", CACHE, "mod", cmds, ["-O2"], "metal emulation")

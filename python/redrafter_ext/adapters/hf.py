@@ -41,7 +41,8 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..models import causal_tree_mask
+from ..config import ConfigSizes
+from ..models import causal_tree_mask, tree_visibility
 
 __all__ = ["HFTarget", "KVViewCache", "tree_attention_mask"]
 
@@ -56,11 +57,7 @@ def tree_attention_mask(tree_mask: Tensor, cache_len: Tensor, S: int, dtype: tor
     ``finfo(dtype).min`` elsewhere (HF's convention: the softmax weight underflows to exactly 0).
     """
     B, T, _ = tree_mask.shape
-    base = cache_len.to(torch.int64)
-    rel = torch.arange(S, device=tree_mask.device)[None, :] - base[:, None]  # [B, S]
-    in_tree = (rel >= 0) & (rel < T)
-    tree = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, S))
-    visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & tree)  # [B, T, S]
+    visible = tree_visibility(tree_mask, cache_len, S)
     mask = torch.zeros(B, 1, T, S, dtype=dtype, device=tree_mask.device)
     return mask.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
 
@@ -110,7 +107,7 @@ class KVViewCache(Cache):
         super().__init__(layers=[_KVViewLayer(kv[i, 0], kv[i, 1], slots) for i in range(kv.shape[0])])
 
 
-class HFTarget:
+class HFTarget(ConfigSizes):
     """Target-protocol wrapper of a ``transformers`` ``LlamaForCausalLM`` (or any HF causal LM with
     the same ``model.model`` / ``model.lm_head`` layout and Llama-style attention)."""
 
@@ -136,15 +133,7 @@ class HFTarget:
         model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
         return cls(model.to(device))
 
-    # -- protocol -------------------------------------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
+    # -- protocol (vocab_size, hidden_size: ConfigSizes) ----------------------------------------
     @property
     def embed_weight(self) -> Tensor:
         return self.model.get_input_embeddings().weight

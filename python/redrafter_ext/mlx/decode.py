@@ -21,13 +21,13 @@ once per step), so a seed reproduces the output exactly and no host RNG is invol
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from types import ModuleType
 
 import mlx.core as mx
 
+from .._generate_common import GenerateOutput, cache_length, check_generate_args, check_sampling, prompt_rows
 from . import reference
 from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
 
@@ -84,14 +84,7 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
-            raise ValueError(f"sampling: temperature must be a finite float >= 0, got {t!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"sampling: top_k must be an int >= 0 (0: off), got {self.top_k!r}")
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise ValueError(f"sampling: top_p must be a float in (0, 1] (1: off), got {p!r}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:
@@ -273,38 +266,13 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
     return new, n_commit
 
 
-@dataclass
-class GenerateOutput:
-    """tokens: generated ids per row (EOS included when hit); steps/nodes: per-row decode steps and
-    trie nodes verified; state: the final decode state (cache included)."""
-
-    tokens: list[list[int]]
-    steps: list[int]
-    nodes: list[int]
-    state: DecodeState
-
-    @property
-    def tokens_per_step(self) -> float:
-        """Mean committed tokens per decode step over all rows (accepted + 1)."""
-        return sum(map(len, self.tokens)) / max(1, sum(self.steps))
-
-
 def _prepare_prompts(target, prompts) -> tuple[mx.array, mx.array]:
     """Right-pad prompts into ``(B, T)`` int32 + ``lengths (B,)`` after validating them on the host."""
     if isinstance(prompts, mx.array):
         if prompts.ndim != 2:
             raise ValueError(f"generate: prompts must be a (B, T) array or a list of lists, got shape {prompts.shape}")
         prompts = prompts.tolist()  # sync-ok: host-side validation before decoding starts
-    rows = [list(map(int, p)) for p in prompts]
-    if not rows:
-        raise ValueError("generate: prompts is empty")
-    V = target.vocab_size
-    for b, p in enumerate(rows):
-        if not p:
-            raise ValueError(f"generate: prompts[{b}] is empty")
-        bad = [t for t in p if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"generate: prompts[{b}] has token id {bad[0]} outside the vocabulary [0, {V})")
+    rows = prompt_rows(prompts, target.vocab_size)
     T = max(map(len, rows))
     tokens = mx.array([p + [0] * (T - len(p)) for p in rows], dtype=mx.int32)
     lengths = mx.array([len(p) for p in rows], dtype=mx.int32)
@@ -319,19 +287,10 @@ def _sampling_or_none(temperature: float, top_k: int, top_p: float) -> SamplingP
 def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None,
            sampling: SamplingParams | None, seed: int) -> DecodeState:
     """Validate, allocate the cache and prefill (the first token sampled when ``sampling``)."""
-    if max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-    if eos_id is not None and not 0 <= eos_id < target.vocab_size:
-        raise ValueError(f"generate: eos_id={eos_id} is outside the vocabulary [0, {target.vocab_size})")
+    check_generate_args(max_new_tokens, eos_id, target.vocab_size)
     tokens, lengths = _prepare_prompts(target, prompts)
     B, T = tokens.shape
-    need = T + max_new_tokens + slack
-    S = max_len or need
-    if S < need:
-        raise ValueError(
-            f"generate: max_len={S} leaves no room: prompt {T} + max_new_tokens {max_new_tokens} "
-            f"+ trie N={slack} needs {need} cache slots"
-        )
+    S = cache_length(T, max_new_tokens, slack, max_len)
     kv = target.new_kv_cache(B, S)
     logits, hidden, kv = target.prefill(tokens, lengths, kv)
     key = None

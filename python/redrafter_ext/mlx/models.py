@@ -24,7 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..config import LlamaConfig  # plain Python: redrafter_ext.mlx needs no torch
+from ..config import ConfigSizes, LlamaConfig  # plain Python: redrafter_ext.mlx needs no torch
 
 __all__ = ["LlamaConfig", "LlamaTarget", "causal_tree_mask"]
 
@@ -78,7 +78,7 @@ class _Body(nn.Module):
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
 
 
-class LlamaTarget(nn.Module):
+class LlamaTarget(ConfigSizes, nn.Module):
     """Llama causal LM with an explicit, caller-owned KV cache and tree attention (parameter names
     are Hugging Face's, so a checkpoint loads as is)."""
 
@@ -91,15 +91,7 @@ class LlamaTarget(nn.Module):
             self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         self._inv_freq = 1.0 / (c.rope_theta ** (mx.arange(0, c.head_dim, 2, dtype=mx.float32) / c.head_dim))
 
-    # -- protocol -------------------------------------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
+    # -- protocol (vocab_size, hidden_size: ConfigSizes) ----------------------------------------
     @property
     def embed_weight(self) -> mx.array:
         return self.model.embed_tokens.weight

@@ -23,11 +23,9 @@ keep no other reference to the old arrays; otherwise it copies the cache first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import mlx.core as mx
 
-from . import _ext
+from . import _checks, _ext
 
 __all__ = ["beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact", "HAS_METAL"]
 
@@ -49,40 +47,11 @@ def _check_abi() -> None:
 
 _check_abi()
 
-INT_DTYPES = (mx.int32, mx.int64)
-FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
-
 Stream = mx.Stream | mx.Device | None
-
-
-def _dtype_name(t: mx.Dtype) -> str:
-    return str(t).replace("mlx.core.", "")
-
-
-def _check(op: str, name: str, a: object, dims: str, dtypes: Sequence[mx.Dtype] | None = None) -> mx.array:
-    """Type, rank (``len(dims.split(','))``) and dtype of one argument; ``dims`` names the axes."""
-    if not isinstance(a, mx.array):
-        raise TypeError(f"{op}: {name} must be an mlx.core.array of shape ({dims}), got {type(a).__name__}")
-    ndim = len([d for d in dims.split(",") if d.strip()])
-    if a.ndim != ndim:
-        raise ValueError(f"{op}: {name} must have {ndim} dims ({dims}), got shape {tuple(a.shape)}")
-    if dtypes is not None and a.dtype not in dtypes:
-        names = ", ".join(_dtype_name(d) for d in dtypes)
-        raise TypeError(f"{op}: {name} must have dtype in ({names}), got {_dtype_name(a.dtype)}")
-    return a
-
-
-def _check_shape(op: str, name: str, a: mx.array, expected: Sequence[int], dims: str) -> None:
-    if tuple(a.shape) != tuple(expected):
-        raise ValueError(f"{op}: {name} must have shape ({dims}) = {tuple(expected)}, got {tuple(a.shape)}")
 
 
 def _i32(a: mx.array) -> mx.array:
     return a if a.dtype == mx.int32 else a.astype(mx.int32)
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def beam_topk(
@@ -119,21 +88,7 @@ def beam_topk(
     >>> t[0].tolist(), p[0].tolist()
     ([[7, 1, 0], [7, 2, 0]], [0, 0])
     """
-    op = "beam_topk"
-    _check(op, "logits", logits, "B, W, V", FLOAT_DTYPES)
-    B, W, V = logits.shape
-    _check(op, "scores", scores, "B, W", (mx.float32,))
-    _check(op, "tokens", tokens, "B, W, L", INT_DTYPES)
-    _check(op, "state", state, "B, W, D", FLOAT_DTYPES)
-    if W < 1 or V < 1:
-        raise ValueError(f"{op}: logits must have W >= 1 and V >= 1, got shape {tuple(logits.shape)}")
-    _check_shape(op, "scores", scores, (B, W), "B, W")
-    if tuple(tokens.shape[:2]) != (B, W):
-        raise ValueError(f"{op}: tokens must have shape (B, W, L) with B={B}, W={W}, got {tuple(tokens.shape)}")
-    if tuple(state.shape[:2]) != (B, W):
-        raise ValueError(f"{op}: state must have shape (B, W, D) with B={B}, W={W}, got {tuple(state.shape)}")
-    if not _is_int(step) or not 1 <= step < tokens.shape[2]:
-        raise ValueError(f"{op}: step must be an int in [1, L) with L={tokens.shape[2]}, got {step!r}")
+    _checks.check_beam_topk(logits, scores, tokens, state, step)
     return tuple(_ext.beam_topk(logits, scores, _i32(tokens), state, step, stream=stream))
 
 
@@ -158,9 +113,7 @@ def build_trie(beams: mx.array, *, stream: Stream = None) -> tuple[mx.array, ...
     >>> token[0].tolist(), parent[0].tolist(), n.tolist()
     ([5, 1, 2, 3, 4, 2, 0], [-1, 0, 1, 1, 0, 4, -1], [6])
     """
-    _check("build_trie", "beams", beams, "B, W, L", INT_DTYPES)
-    if beams.shape[1] < 1 or beams.shape[2] < 1:
-        raise ValueError(f"build_trie: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
+    _checks.check_build_trie(beams)
     return tuple(_ext.build_trie(_i32(beams), stream=stream))
 
 
@@ -189,31 +142,8 @@ def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False, 
     >>> tree_mask(mx.array([[-1, 0, 1, 0]]), mx.array([4]), packed=True)[0, :, 0].tolist()
     [1, 3, 7, 9]
     """
-    op = "tree_mask"
-    _check(op, "node_parent", node_parent, "B, N", INT_DTYPES)
-    _check(op, "num_nodes", num_nodes, "B", INT_DTYPES)
-    if node_parent.shape[1] < 1:
-        raise ValueError(f"{op}: node_parent must have N >= 1 nodes, got shape {tuple(node_parent.shape)}")
-    _check_shape(op, "num_nodes", num_nodes, node_parent.shape[:1], "B")
+    _checks.check_tree_mask(node_parent, num_nodes)
     return _ext.tree_mask(_i32(node_parent), _i32(num_nodes), bool(packed), stream=stream)
-
-
-def _check_verify(op: str, logits: mx.array, beams: mx.array, beam_node: mx.array) -> None:
-    _check(op, "logits", logits, "B, N, V", FLOAT_DTYPES)
-    _check(op, "beams", beams, "B, W, L", INT_DTYPES)
-    _check(op, "beam_node", beam_node, "B, W, L", INT_DTYPES)
-    B, W, L = beams.shape
-    if W < 1 or L < 1:
-        raise ValueError(f"{op}: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
-    if logits.shape[0] != B:
-        raise ValueError(f"{op}: logits has batch {logits.shape[0]} but beams has batch {B}")
-    if logits.shape[1] < 1 + W * (L - 1):
-        raise ValueError(
-            f"{op}: logits must cover N >= 1 + W*(L-1) = {1 + W * (L - 1)} nodes, got shape {tuple(logits.shape)}"
-        )
-    if logits.shape[2] < 1:
-        raise ValueError(f"{op}: logits must have 1 <= V < 2^31, got shape {tuple(logits.shape)}")
-    _check_shape(op, "beam_node", beam_node, beams.shape, "B, W, L")
 
 
 def verify_greedy(
@@ -245,7 +175,7 @@ def verify_greedy(
     >>> [x.tolist() for x in verify_greedy(logits, beams, beam_node)]
     [[2], [1], [[0, 1, 3]], [4]]
     """
-    _check_verify("verify_greedy", logits, beams, beam_node)
+    _checks.check_verify_greedy(logits, beams, beam_node)
     return tuple(_ext.verify_greedy(logits, _i32(beams), _i32(beam_node), stream=stream))
 
 
@@ -294,21 +224,7 @@ def verify_sample(
     accept_len, best_beam, path_nodes, next_token : int32 ``(B,)``, ``(B,)``, ``(B, L)``, ``(B,)``
         as ``verify_greedy``; ``next_token`` is sampled at the stop node.
     """
-    op = "verify_sample"
-    _check_verify(op, logits, beams, beam_node)
-    B, W, L = beams.shape
-    _check(op, "accept_u", accept_u, "B, L-1, W", (mx.float32,))
-    _check(op, "sample_u", sample_u, "B", (mx.float32,))
-    _check_shape(op, "accept_u", accept_u, (B, L - 1, W), "B, L-1, W")
-    _check_shape(op, "sample_u", sample_u, (B,), "B")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-        0.0 <= float(temperature) < float("inf")
-    ):
-        raise ValueError(f"{op}: temperature must be a finite float >= 0, got {temperature!r}")
-    if not _is_int(top_k) or top_k < 0:
-        raise ValueError(f"{op}: top_k must be an int >= 0 (0: no top-k), got {top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < float(top_p) <= 1.0:
-        raise ValueError(f"{op}: top_p must be a float in (0, 1] (1: no top-p), got {top_p!r}")
+    _checks.check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
     top_k = min(top_k, 2**31 - 1)  # >= V is "off" anyway
     return tuple(
         _ext.verify_sample(
@@ -358,19 +274,5 @@ def kv_compact(
     >>> kv[0, 0, 0, 0, :, 0].tolist(), cache_len.tolist()
     ([0.0, 1.0, 3.0, 5.0, 4.0, 5.0], [4])
     """
-    op = "kv_compact"
-    _check(op, "kv", kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
-    _check(op, "cache_len", cache_len, "B", (mx.int32,))
-    _check(op, "path_nodes", path_nodes, "B, L", INT_DTYPES)
-    _check(op, "accept_len", accept_len, "B", INT_DTYPES)
-    _, two, B, _, S, _ = kv.shape
-    if two != 2:
-        raise ValueError(f"{op}: kv dim 1 must be 2 (K and V), got shape {tuple(kv.shape)}")
-    _check_shape(op, "cache_len", cache_len, (B,), "B")
-    _check_shape(op, "accept_len", accept_len, (B,), "B")
-    if path_nodes.shape[0] != B:
-        raise ValueError(f"{op}: path_nodes must have shape (B, L) with B={B}, got {tuple(path_nodes.shape)}")
-    L = path_nodes.shape[1]
-    if L < 1 or L > S:
-        raise ValueError(f"{op}: path_nodes length L={L} must be in [1, S={S}]")
+    _checks.check_kv_compact(kv, cache_len, path_nodes, accept_len)
     return tuple(_ext.kv_compact(kv, cache_len, _i32(path_nodes), _i32(accept_len), stream=stream))

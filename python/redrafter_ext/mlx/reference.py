@@ -25,6 +25,9 @@ import math
 
 import mlx.core as mx
 
+from .._shape_checks import num_nodes_max
+from . import _checks
+
 __all__ = [
     "beam_topk",
     "build_trie",
@@ -36,52 +39,6 @@ __all__ = [
     "sampling_probs",
     "sample_inverse_cdf",
 ]
-
-INT_DTYPES = (mx.int32, mx.int64)
-FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
-
-
-def num_nodes_max(beam_width: int, beam_length: int) -> int:
-    """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce."""
-    return 1 + beam_width * (beam_length - 1)
-
-
-# -- metadata checks (no values read) -------------------------------------------------------------
-
-
-def _check(op: str, name: str, a: object, dims: str, dtypes=None) -> mx.array:
-    if not isinstance(a, mx.array):
-        raise TypeError(f"{op}: {name} must be an mlx.core.array of shape ({dims}), got {type(a).__name__}")
-    ndim = len([d for d in dims.split(",") if d.strip()])
-    if a.ndim != ndim:
-        raise ValueError(f"{op}: {name} must have {ndim} dims ({dims}), got shape {tuple(a.shape)}")
-    if dtypes is not None and a.dtype not in dtypes:
-        names = ", ".join(str(d).replace("mlx.core.", "") for d in dtypes)
-        raise TypeError(f"{op}: {name} must have dtype in ({names}), got {str(a.dtype).replace('mlx.core.', '')}")
-    return a
-
-
-def _check_shape(op: str, name: str, a: mx.array, expected, dims: str) -> None:
-    if tuple(a.shape) != tuple(expected):
-        raise ValueError(f"{op}: {name} must have shape ({dims}) = {tuple(expected)}, got {tuple(a.shape)}")
-
-
-def _check_verify(op: str, logits, beams, beam_node) -> None:
-    _check(op, "logits", logits, "B, N, V", FLOAT_DTYPES)
-    _check(op, "beams", beams, "B, W, L", INT_DTYPES)
-    _check(op, "beam_node", beam_node, "B, W, L", INT_DTYPES)
-    B, W, L = beams.shape
-    if W < 1 or L < 1:
-        raise ValueError(f"{op}: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
-    if logits.shape[0] != B:
-        raise ValueError(f"{op}: logits has batch {logits.shape[0]} but beams has batch {B}")
-    if logits.shape[1] < 1 + W * (L - 1):
-        raise ValueError(
-            f"{op}: logits must cover N >= 1 + W*(L-1) = {1 + W * (L - 1)} nodes, got shape {tuple(logits.shape)}"
-        )
-    if logits.shape[2] < 1:
-        raise ValueError(f"{op}: logits must have V >= 1, got shape {tuple(logits.shape)}")
-    _check_shape(op, "beam_node", beam_node, beams.shape, "B, W, L")
 
 
 def _gather(a: mx.array, idx: mx.array, axis: int) -> mx.array:
@@ -112,22 +69,9 @@ def beam_topk(
         ``(scores (B, W) f32, tokens (B, W, L) i32, state (B, W, D), parent (B, W) i32)``, beams
         sorted by score descending, ties to the lower flat index ``w * V + v``.
     """
-    op = "beam_topk"
-    _check(op, "logits", logits, "B, W, V", FLOAT_DTYPES)
-    _check(op, "scores", scores, "B, W", (mx.float32,))
-    _check(op, "tokens", tokens, "B, W, L", INT_DTYPES)
-    _check(op, "state", state, "B, W, D", FLOAT_DTYPES)
+    _checks.check_beam_topk(logits, scores, tokens, state, step)
     B, W, V = logits.shape
     L = tokens.shape[2]
-    if W < 1 or V < 1:
-        raise ValueError(f"{op}: logits must have W >= 1 and V >= 1, got shape {tuple(logits.shape)}")
-    _check_shape(op, "scores", scores, (B, W), "B, W")
-    if tuple(tokens.shape[:2]) != (B, W):
-        raise ValueError(f"{op}: tokens must have shape (B, W, L) with B={B}, W={W}, got {tuple(tokens.shape)}")
-    if tuple(state.shape[:2]) != (B, W):
-        raise ValueError(f"{op}: state must have shape (B, W, D) with B={B}, W={W}, got {tuple(state.shape)}")
-    if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step < L:
-        raise ValueError(f"{op}: step must be an int in [1, L) with L={L}, got {step!r}")
 
     # log_softmax written out as in the torch reference (max-shift, exp, sum, log)
     x = logits.astype(mx.float32)
@@ -157,10 +101,8 @@ def build_trie(beams: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array,
         ``node_token, node_parent, node_depth`` ``(B, N)`` i32 (padding: token 0, parent -1,
         depth 0; the root has parent -1), ``beam_node`` ``(B, W, L)`` i32, ``num_nodes`` ``(B,)`` i32.
     """
-    _check("build_trie", "beams", beams, "B, W, L", INT_DTYPES)
+    _checks.check_build_trie(beams)
     B, W, L = beams.shape
-    if W < 1 or L < 1:
-        raise ValueError(f"build_trie: beams must have W >= 1 and L >= 1, got shape {tuple(beams.shape)}")
     N = num_nodes_max(W, L)
     beams = beams.astype(mx.int32)
     root = beams[:, 0, 0]
@@ -207,13 +149,8 @@ def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False) 
         bool ``(B, N, N)`` (``mask[b, i, j]``: node j is an ancestor-or-self of node i), or, when
         ``packed``, int32 ``(B, N, ceil(N/32))``, bit ``j % 32`` of word ``j // 32``, LSB first.
     """
-    op = "tree_mask"
-    _check(op, "node_parent", node_parent, "B, N", INT_DTYPES)
-    _check(op, "num_nodes", num_nodes, "B", INT_DTYPES)
+    _checks.check_tree_mask(node_parent, num_nodes)
     B, N = node_parent.shape
-    if N < 1:
-        raise ValueError(f"{op}: node_parent must have N >= 1 nodes, got shape {tuple(node_parent.shape)}")
-    _check_shape(op, "num_nodes", num_nodes, (B,), "B")
     node = mx.arange(N, dtype=mx.int32)
     valid = node[None, :] < num_nodes.astype(mx.int32)[:, None]
     # padding nodes hang from nobody, so they can neither see nor be seen by the tree; parents are
@@ -253,7 +190,7 @@ def verify_greedy(
         ``accept_len (B,)`` (0..L-1), ``best_beam (B,)`` (ties to the lowest beam), ``path_nodes
         (B, L)`` (root first, -1 past it), ``next_token (B,)`` (argmax at the last accepted node). int32.
     """
-    _check_verify("verify_greedy", logits, beams, beam_node)
+    _checks.check_verify_greedy(logits, beams, beam_node)
     B, W, L = beams.shape
     target = mx.argmax(logits, axis=-1).astype(mx.int32)  # [B, N]; first maximum on ties
     bn = mx.clip(beam_node.astype(mx.int32), 0, logits.shape[1] - 1)
@@ -377,21 +314,8 @@ def verify_sample(
     Returns:
         As ``verify_greedy``; ``best_beam`` is the lowest beam containing the accepted path. int32.
     """
-    op = "verify_sample"
-    _check_verify(op, logits, beams, beam_node)
+    _checks.check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
     B, W, L = beams.shape
-    _check(op, "accept_u", accept_u, "B, L-1, W", (mx.float32,))
-    _check(op, "sample_u", sample_u, "B", (mx.float32,))
-    _check_shape(op, "accept_u", accept_u, (B, L - 1, W), "B, L-1, W")
-    _check_shape(op, "sample_u", sample_u, (B,), "B")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-        0.0 <= float(temperature) < float("inf")
-    ):
-        raise ValueError(f"{op}: temperature must be a finite float >= 0, got {temperature!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"{op}: top_k must be an int >= 0 (0: no top-k), got {top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < float(top_p) <= 1.0:
-        raise ValueError(f"{op}: top_p must be a float in (0, 1] (1: no top-p), got {top_p!r}")
     if float(temperature) == 0.0:
         return verify_greedy(logits, beams, beam_node)
 
@@ -466,21 +390,9 @@ def kv_compact(
     Returns:
         ``(kv, cache_len)``: the new cache (same shape and dtype) and the new lengths (int32).
     """
-    op = "kv_compact"
-    _check(op, "kv", kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
-    _check(op, "cache_len", cache_len, "B", (mx.int32,))
-    _check(op, "path_nodes", path_nodes, "B, L", INT_DTYPES)
-    _check(op, "accept_len", accept_len, "B", INT_DTYPES)
+    _checks.check_kv_compact(kv, cache_len, path_nodes, accept_len)
     n_layers, two, B, H, S, D = kv.shape
-    if two != 2:
-        raise ValueError(f"{op}: kv dim 1 must be 2 (K and V), got shape {tuple(kv.shape)}")
-    _check_shape(op, "cache_len", cache_len, (B,), "B")
-    _check_shape(op, "accept_len", accept_len, (B,), "B")
-    if path_nodes.shape[0] != B:
-        raise ValueError(f"{op}: path_nodes must have shape (B, L) with B={B}, got {tuple(path_nodes.shape)}")
     L = path_nodes.shape[1]
-    if L < 1 or L > S:
-        raise ValueError(f"{op}: path_nodes length L={L} must be in [1, S={S}]")
     i = mx.arange(L, dtype=mx.int32)
     acc = accept_len.astype(mx.int32)
     base = cache_len

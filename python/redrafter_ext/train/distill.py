@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -40,6 +39,7 @@ from tqdm.auto import tqdm
 
 from ..drafter import Drafter, DrafterConfig, beam_search
 from . import corpus
+from .common import dataclass_from_args, lr_at
 
 __all__ = ["DistillConfig", "add_args", "config_from_args", "evaluate", "generate_data", "train"]
 
@@ -334,13 +334,6 @@ def draft_beams(drafter: Drafter, h: Tensor, token: Tensor, embed: Tensor, W: in
     return beam_search(step, state0, token, W, L, _OPS)
 
 
-def lr_at(cfg: DistillConfig, step: int, progress: float) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    p = min(max(progress, 0.0), 1.0)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
-
-
 def _fmt(r: dict) -> str:
     a = " ".join(f"{x:.3f}" for x in r["agreement_per_step"])
     s = f"agree/step [{a}]"
@@ -538,5 +531,4 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(a: argparse.Namespace) -> DistillConfig:
-    names = set(DistillConfig.__dataclass_fields__)
-    return DistillConfig(**{k: v for k, v in vars(a).items() if k in names})
+    return dataclass_from_args(DistillConfig, a)

@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import corpus
+from .common import dataclass_from_args, lr_at
 
 __all__ = ["TargetTrainConfig", "add_args", "config_from_args", "load_tokenizer", "train", "train_tokenizer"]
 
@@ -159,13 +160,6 @@ def build_model(cfg: TargetTrainConfig, vocab_size: int, eos_id: int):
     model.generation_config.pad_token_id = eos_id
     model.generation_config.do_sample = False
     return model
-
-
-def lr_at(cfg: TargetTrainConfig, step: int, progress: float) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    p = min(max(progress, 0.0), 1.0)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
 def sample_batch(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
@@ -394,5 +388,4 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(a: argparse.Namespace) -> TargetTrainConfig:
-    names = {f for f in TargetTrainConfig.__dataclass_fields__}
-    return TargetTrainConfig(**{k: v for k, v in vars(a).items() if k in names})
+    return dataclass_from_args(TargetTrainConfig, a)

@@ -1,0 +1,89 @@
+"""Input generators and comparisons shared by the op tests (native CPU, MLX, CUDA and Metal emulated).
+
+Every generator is a function of its seed only, so a test file that uses it keeps its cases.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def assert_same(got, expected, what: str = "", label: str = "native") -> None:
+    """Same number of outputs, same dtypes, equal values (integers and exact floats)."""
+    for k, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert a.dtype == b.dtype, f"{what} output {k}: dtype {a.dtype} != {b.dtype}"
+        assert torch.equal(a, b), f"{what} output {k} differs:\n{label} {a}\nreference {b}"
+
+
+def beam_inputs(B, W, V, L, D, dtype, step, seed, tokens_dtype=torch.int64, state_dtype=None):
+    """``beam_topk`` arguments: random logits, sorted running scores (``[0, -inf, ..]`` at step 1)."""
+    g = gen(seed)
+    logits = (torch.randn(B, W, V, generator=g) * 3).to(dtype)
+    if step == 1:
+        scores = torch.full((B, W), float("-inf"))
+        scores[:, 0] = 0.0
+    else:
+        scores = -(torch.rand(B, W, generator=g) * 10).sort(dim=1).values
+    tokens = torch.randint(0, V, (B, W, L), generator=g).to(tokens_dtype)
+    state = torch.randn(B, W, D, generator=g).to(state_dtype or dtype)
+    return logits, scores, tokens, state, step
+
+
+def follow_tokens(g: torch.Generator, beams, beam_node, N: int, V: int, follow: float) -> torch.Tensor:
+    """``(B, N)`` int64: per trie node, with probability ``follow`` the token of one of its children
+    (so the beam through that child is accepted one more step), else a random token."""
+    B, W, L = beams.shape
+    tok = torch.empty(B, N, dtype=torch.int64)
+    for b in range(B):
+        children = {}
+        for w, d in itertools.product(range(W), range(L - 1)):
+            children.setdefault(int(beam_node[b, w, d]), []).append(int(beams[b, w, d + 1]))
+        for node in range(N):
+            kids = children.get(node, [])
+            if kids and torch.rand((), generator=g) < follow:
+                tok[b, node] = kids[int(torch.randint(0, len(kids), (), generator=g))]
+            else:
+                tok[b, node] = int(torch.randint(0, V, (), generator=g))
+    return tok
+
+
+def greedy_logits(beams, beam_node, V, follow, seed, dtype=torch.float32, extra_nodes=0):
+    """Logits ``(B, 1 + W*(L-1) + extra_nodes, V)`` whose argmax at a node is ``follow_tokens``'."""
+    g = gen(seed)
+    B, W, L = beams.shape
+    N = 1 + W * (L - 1) + extra_nodes
+    logits = torch.randn(B, N, V, generator=g)
+    logits.scatter_(2, follow_tokens(g, beams, beam_node, N, V, follow)[..., None], 10.0)
+    return logits.to(dtype)
+
+
+def kv_inputs(n_layers, B, H, S, D, L, dtype, seed, idx=torch.int64, draw_row0=True):
+    """``kv_compact`` arguments: random cache, rows active or not (``accept_len = -1``), valid paths.
+
+    Row 0, when active, ends its path at the last slot. ``draw_row0=False`` sets its length without
+    drawing it first (another generator stream: the MLX tests' cases).
+    """
+    g = gen(seed)
+    kv = torch.randn(n_layers, 2, B, H, S, D, generator=g).to(dtype)
+    acc = torch.randint(-1, L, (B,), generator=g)
+    path = torch.full((B, L), -1, dtype=torch.int64)
+    cache_len = torch.zeros(B, dtype=torch.int32)
+    for b in range(B):
+        a = int(acc[b])
+        # path[i] = i + extra, extra in [0, S-L]: path[i] >= i and < S, not necessarily increasing
+        for i in range(a + 1):
+            path[b, i] = i + int(torch.randint(0, S - L + 1, (), generator=g))
+        top = int(path[b, : a + 1].max()) if a >= 0 else -1
+        hi = S - 1 - top if a >= 0 else S  # an inactive row may be full
+        last = b == 0 and a >= 0  # touch the last slot
+        if draw_row0 or not last:
+            cache_len[b] = int(torch.randint(0, hi + 1, (), generator=g))
+        if last:
+            cache_len[b] = hi
+    return kv, cache_len, path.to(idx), acc.to(idx)
