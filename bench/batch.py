@@ -31,7 +31,7 @@ import redrafter_ext as rx
 from redrafter_ext.demo import CHECKPOINTS, DTYPES, load_models, load_prompt_ids
 
 HEADER = ["method", "B", "W", "L", "rows", "tokens", "tok_s", "tok_s_spread", "ms_per_token", "tokens_per_step",
-          "speedup", "threads", "loadavg1"]
+          "speedup", "drafter_dtype", "threads", "loadavg1"]
 
 
 def pick_eos(free: list[list[int]], max_new: int) -> int:
@@ -79,7 +79,8 @@ def main(argv=None) -> int:
                    help="redrafter_ext.LlamaTarget or the transformers adapter (adapters.hf.HFTarget)")
     p.add_argument("--quick", action="store_true", help="batches 1 2 8, 8 prompts, 16 tokens, 1 run (smoke test)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="checkpoint")
+    p.add_argument("--drafter-dtype", choices=sorted(DTYPES) + ["auto"], default="auto",
+                   help="auto (default, as the demo): the checkpoint's bf16 at B=1, float32 above")
     p.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default="batch", help="output file stem")
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
     if any(pool % B for B in a.batches):
         raise SystemExit(f"bench/batch.py: --pool {pool} must be a multiple of every batch size {a.batches}")
 
-    target, drafter, tok, desc = load_models(a.checkpoints, random_weights=False, drafter_dtype=DTYPES[a.drafter_dtype])
+    target, drafter, tok, desc = load_models(a.checkpoints, random_weights=False, drafter_dtype=DTYPES.get(a.drafter_dtype))
     if a.target == "hf":
         from redrafter_ext.adapters.hf import HFTarget
 
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
         ref = [ar([q], eos).tokens[0] for q in prompts]
     n_tok = sum(map(len, ref))
     lens = sorted(map(len, ref))
-    ddt = next(drafter.parameters()).dtype
+    ddt = "auto (bf16 at B=1, float32 above)" if a.drafter_dtype == "auto" else next(drafter.parameters()).dtype
     print(f"# {desc}; torch {torch.__version__}, {torch.get_num_threads()} threads; W={W} L={L}, drafter {ddt}; {pool} prompts of "
           f"{min(map(len, prompts))}..{max(map(len, prompts))} tokens; eos={eos}: rows generate {lens[0]}..{lens[-1]} "
           f"tokens (max {M}), {n_tok} in all; median of {a.runs} runs; load average {os.getloadavg()[0]:.2f}",
@@ -135,6 +136,9 @@ def main(argv=None) -> int:
         writer = csv.DictWriter(f, fieldnames=HEADER)
         writer.writeheader()
         for B in a.batches:
+            if a.drafter_dtype == "auto":  # bf16 <-> float32 round trips are exact, so one load serves all B
+                drafter.to(torch.bfloat16 if B == 1 else torch.float32)
+            ddt_b = str(next(drafter.parameters()).dtype).removeprefix("torch.")
             methods = {
                 "ar": lambda rows_: ar(rows_, eos),
                 "redrafter": lambda rows_: rx.generate(target, drafter, rows_, M, beam_width=W, beam_length=L, eos_id=eos),
@@ -158,7 +162,8 @@ def main(argv=None) -> int:
                     "method": name, "B": B, "W": W if name == "redrafter" else 1, "L": L if name == "redrafter" else 1,
                     "rows": pool, "tokens": n_tok, "tok_s": med, "tok_s_spread": f"{min(tps):.1f}..{max(tps):.1f}",
                     "ms_per_token": statistics.median(lats), "tokens_per_step": n_tok / max(1, steps),
-                    "speedup": med / ar_tps, "threads": torch.get_num_threads(),
+                    "speedup": med / ar_tps, "drafter_dtype": ddt_b if name == "redrafter" else "",
+                    "threads": torch.get_num_threads(),
                     "loadavg1": round(os.getloadavg()[0], 2),
                 }
                 rows.append(r)
