@@ -196,11 +196,8 @@ def decode_step(
     """
     ops = ops or default_ops()
     state.check(target, beam_width, beam_length)
-    compact_paged = None
-    if isinstance(state.kv, PagedKV):
-        compact_paged = getattr(ops, "kv_compact_paged", None)
-        if compact_paged is None:
-            raise ValueError(f"decode_step: ops {getattr(ops, '__name__', ops)!r} has no kv_compact_paged (paged cache)")
+    if isinstance(state.kv, PagedKV) and getattr(ops, "kv_compact_paged", None) is None:
+        raise ValueError(f"decode_step: ops {getattr(ops, '__name__', ops)!r} has no kv_compact_paged (paged cache)")
     if timer is not None:
         ops = timer.wrap(ops)
     section = timer.section if timer is not None else _no_section
@@ -231,12 +228,10 @@ def decode_step(
                 float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
             )
     with section("commit"):
-        return _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section,
-                       compact_paged)
+        return _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section)
 
 
-def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section,
-            compact_paged=None) -> Tensor:
+def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section) -> Tensor:
     """Steps 6-7: compact the KV cache and write the committed tokens; updates ``state`` in place."""
     B, _, L = beams.shape
     i = torch.arange(L, device=beams.device)
@@ -254,8 +249,8 @@ def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden,
 
     # 6: keep only the committed path's K/V; cache_len += n_commit
     with section("kv_compact"):
-        if compact_paged is not None:  # paged cache: the same move through the block table
-            compact_paged(state.kv.pages, state.kv.block_table, state.cache_len, path_nodes, last)
+        if isinstance(state.kv, PagedKV):  # paged cache: the same move through the block table
+            ops.kv_compact_paged(state.kv.pages, state.kv.block_table, state.cache_len, path_nodes, last)
         else:
             ops.kv_compact(state.kv, state.cache_len, path_nodes, last)
 

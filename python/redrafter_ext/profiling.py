@@ -16,7 +16,7 @@ import torch
 # stage names in pipeline order; "draft_rnn" is the drafter's time minus its beam_topk calls
 STAGES = ("draft_rnn", "beam_topk", "trie", "verify", "kv_compact", "commit")
 _OP_STAGE = {"beam_topk": "beam_topk", "build_trie": "trie", "tree_mask": "trie", "verify_greedy": "verify",
-             "verify_sample": "verify", "kv_compact": "kv_compact"}
+             "verify_sample": "verify", "kv_compact": "kv_compact", "kv_compact_paged": "kv_compact"}
 
 
 class StageTimer:
@@ -50,7 +50,8 @@ class StageTimer:
 
             return call
 
-        return SimpleNamespace(**{n: timed(n, getattr(ops, n)) for n in _OP_STAGE})
+        # an ops module may lack kv_compact_paged (decode_step asks for it only on a paged cache)
+        return SimpleNamespace(**{n: timed(n, getattr(ops, n)) for n in _OP_STAGE if hasattr(ops, n)})
 
     def split(self) -> dict[str, float]:
         """Seconds per stage of ``STAGES`` (op times moved out of the sections that contain them)."""
