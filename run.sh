@@ -12,7 +12,7 @@ VENV=${VENV:-$root/.venv}
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 DEPS=(numpy safetensors tqdm tokenizers "transformers>=4.45" pytest hypothesis matplotlib pybind11
-      "scikit-build-core>=0.10" "nanobind>=3,<4" "cmake>=3.25" ninja ruff)
+      "scikit-build-core>=0.10" "nanobind>=3,<4" "cmake>=3.26" ninja ruff)
 # MLX: the Linux wheel needs the [cpu] extra (plain mlx fails to import there); nanobind 3.x matches
 # mlx 0.32's ABI. MLX_SPEC= (empty) skips the MLX backend.
 if [ "$(uname -s)" = Darwin ]; then MLX_SPEC=${MLX_SPEC-"mlx>=0.32,<0.33"}; else MLX_SPEC=${MLX_SPEC-"mlx[cpu]>=0.32,<0.33"}; fi

@@ -1,9 +1,28 @@
 # The torch extension: C++ CPU kernels (always) + CUDA kernels (when nvcc is found), registered
 # with TORCH_LIBRARY. Torch is located through the Python that runs the build, not TorchConfig,
 # so a CPU-only torch and a CUDA nvcc can be combined (the .cu files include no torch headers).
+# REDRAFTER_TORCH_NO_IMPORT=ON reads torch's files without importing it: that checks the build
+# against a torch that cannot load here (a CUDA wheel without its NVIDIA libraries, as on the GPU
+# image); every torch >= 2.11 wheel for Linux uses the C++11 ABI.
+option(REDRAFTER_TORCH_NO_IMPORT "Locate torch from its files without importing it" OFF)
+if(REDRAFTER_TORCH_NO_IMPORT)
+  set(_torch_probe [=[
+import importlib.util, os, re
+d = os.path.dirname(importlib.util.find_spec('torch').origin)
+print('|'.join([os.path.join(d, 'include'), os.path.join(d, 'include', 'torch', 'csrc', 'api', 'include')]))
+print(os.path.join(d, 'lib'))
+print(1)
+print(re.search(r"__version__ = '([^']+)'", open(os.path.join(d, 'version.py')).read()).group(1))
+]=])
+else()
+  set(_torch_probe [=[
+import torch, torch.utils.cpp_extension as e
+print('|'.join(e.include_paths())); print('|'.join(e.library_paths()))
+print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)
+]=])
+endif()
 execute_process(
-  COMMAND "${Python_EXECUTABLE}" -c
-    "import torch, torch.utils.cpp_extension as e; print('|'.join(e.include_paths())); print('|'.join(e.library_paths())); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)"
+  COMMAND "${Python_EXECUTABLE}" -c "${_torch_probe}"
   OUTPUT_VARIABLE _torch_out RESULT_VARIABLE _torch_rc ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _torch_rc EQUAL 0)
   set(REDRAFTER_HAVE_TORCH OFF)
@@ -23,6 +42,9 @@ list(GET _torch_lines 3 _torch_version)
 string(REPLACE "|" ";" _torch_inc "${_torch_inc}")
 string(REPLACE "|" ";" _torch_libdir "${_torch_libdir}")
 message(STATUS "redrafter_ext: torch ${_torch_version} at ${_torch_libdir}")
+if(_torch_version VERSION_LESS 2.11)
+  message(FATAL_ERROR "redrafter_ext needs torch >= 2.11 (found ${_torch_version})")
+endif()
 
 set(REDRAFTER_TORCH_SOURCES
   csrc/torch/module.cpp
@@ -37,7 +59,6 @@ set(REDRAFTER_TORCH_SOURCES
   csrc/cpu/kv_compact.cpp
   csrc/cpu/vec.cpp
 )
-# paged KV (issue 8)
 list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/paged_cpu.cpp csrc/cpu/kv_compact_paged.cpp)
 
 # CUDA: compiled when nvcc is found; the module links cudart statically so it imports anywhere.
@@ -85,7 +106,6 @@ if(REDRAFTER_HAVE_CUDA)
 endif()
 install(TARGETS _C LIBRARY DESTINATION redrafter_ext)
 list(APPEND REDRAFTER_BUILT "torch(cuda=${REDRAFTER_HAVE_CUDA})")
-# verify_sample's CUDA kernel (issue 7)
 if(REDRAFTER_HAVE_CUDA)
   target_sources(_C PRIVATE csrc/cuda/verify_sample.cu)
 endif()

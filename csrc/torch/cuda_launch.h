@@ -1,42 +1,35 @@
 // Helpers of the CUDA launchers (ops_cuda.cpp, paged_cuda.cpp). They include no CUDA torch
-// headers: the current stream and the device guard come from torch's C shim (resolved at run time
-// from whichever libtorch is loaded), so the module builds against a CPU torch and still runs on
-// the caller's device and stream under a CUDA torch.
+// headers: the device guard and the current stream go through c10's device-generic guard interface
+// (libc10, implemented at run time by whichever CUDA torch is loaded), so the module builds against
+// a CPU torch and still runs on the caller's device and stream under a CUDA torch. That interface
+// (VirtualGuardImpl::getStream, Stream::native_handle) exists in every torch we support (>= 2.11),
+// unlike the stable C shim's torch_stream_native_handle (>= 2.13).
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime.h>
-#include <torch/csrc/inductor/aoti_torch/c/shim.h>
-#include <torch/csrc/stable/c/shim.h>
 
 #include "cuda/types.h"
 
 namespace redrafter {
 
-// Makes t's device current for the scope (device-generic guard of torch's C shim).
+// Makes t's device current for the scope.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(const at::Tensor& t) {
-    TORCH_CHECK(aoti_torch_create_device_guard(t.get_device(), &guard_) == AOTI_TORCH_SUCCESS,
-                "redrafter: could not set the CUDA device");
-  }
-  ~DeviceGuard() { aoti_torch_delete_device_guard(guard_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  explicit DeviceGuard(const at::Tensor& t) : guard_(t.device()) {}
 
  private:
-  DeviceGuardHandle guard_ = nullptr;
+  c10::DeviceGuard guard_;
 };
 
+// The caller's current stream on t's device (what torch launches its own kernels on, including
+// under CUDA-graph capture).
 inline cudaStream_t current_stream(const at::Tensor& t) {
-  StreamHandle handle = nullptr;
-  void* native = nullptr;
-  TORCH_CHECK(aoti_torch_get_current_stream(t.get_device(), &handle) == AOTI_TORCH_SUCCESS,
-              "redrafter: could not get the current CUDA stream");
-  const bool ok = torch_stream_native_handle(handle, &native) == AOTI_TORCH_SUCCESS;
-  aoti_torch_delete_stream(handle);
-  TORCH_CHECK(ok, "redrafter: could not get the native CUDA stream handle");
-  return static_cast<cudaStream_t>(native);
+  const c10::impl::VirtualGuardImpl impl(t.device().type());
+  return static_cast<cudaStream_t>(impl.getStream(t.device()).native_handle());
 }
 
 inline void check_cuda(cudaError_t e, const char* op) {
