@@ -166,7 +166,7 @@ __device__ uint32_t block_select(const KeyFn& key, int64_t n, int k, int* sm, in
 // ---- 1. split -------------------------------------------------------------------------------
 
 template <typename T>
-__global__ void split_kernel(const T* __restrict__ logits, int64_t V, Plan p, Work wk) {
+__global__ void __launch_bounds__(kThreads) split_kernel(const T* __restrict__ logits, int64_t V, Plan p, Work wk) {
   const int64_t r = blockIdx.x, s = blockIdx.y;
   const int64_t lo = s * p.chunk, n = (lo + p.chunk < V ? lo + p.chunk : V) - lo;
   const T* row = logits + r * V + lo;
@@ -228,7 +228,7 @@ __global__ void split_kernel(const T* __restrict__ logits, int64_t V, Plan p, Wo
 // ---- 2. row ---------------------------------------------------------------------------------
 
 template <typename T>
-__global__ void row_kernel(const T* __restrict__ logits, const float* __restrict__ scores, int64_t V, int64_t W,
+__global__ void __launch_bounds__(kThreads) row_kernel(const T* __restrict__ logits, const float* __restrict__ scores, int64_t V, int64_t W,
                            Plan p, Work wk) {
   const int64_t r = blockIdx.x;
   const int C = static_cast<int>(p.C);
@@ -319,7 +319,7 @@ __global__ void row_kernel(const T* __restrict__ logits, const float* __restrict
 // ---- 3. merge + gather ----------------------------------------------------------------------
 
 template <typename I>
-__global__ void merge_kernel(const I* __restrict__ tokens, const unsigned char* __restrict__ state,
+__global__ void __launch_bounds__(kThreads) merge_kernel(const I* __restrict__ tokens, const unsigned char* __restrict__ state,
                              int64_t state_row_bytes, int64_t W, int64_t V, int64_t L, int64_t step, Plan p, Work wk,
                              float* __restrict__ scores_out, int32_t* __restrict__ tokens_out,
                              unsigned char* __restrict__ state_out, int32_t* __restrict__ parent_out) {

@@ -9,12 +9,14 @@
 namespace redrafter::cuda {
 namespace {
 
-constexpr int64_t kMaxPositions = 1 << 16;  // W*(L-1) per row, bounded by shared memory
+// W*L per row: 13 bytes of shared memory each must fit the 163 KB a block may take on sm_80
+constexpr int64_t kMaxBeamTokens = 12288;
+constexpr int kMaxThreads = 1024;           // the launch uses up to this many: bound registers to fit
 
 __host__ __device__ constexpr int64_t align16(int64_t x) { return (x + 15) / 16 * 16; }
 
 template <typename I>
-__global__ void build_trie_kernel(const I* __restrict__ beams, int64_t W, int64_t L, int32_t* __restrict__ node_token,
+__global__ void __launch_bounds__(kMaxThreads) build_trie_kernel(const I* __restrict__ beams, int64_t W, int64_t L, int32_t* __restrict__ node_token,
                                   int32_t* __restrict__ node_parent, int32_t* __restrict__ node_depth,
                                   int32_t* __restrict__ beam_node, int32_t* __restrict__ num_nodes) {
   const int64_t b = blockIdx.x;
@@ -92,7 +94,7 @@ template <typename I>
 cudaError_t launch(const I* beams, int64_t B, int64_t W, int64_t L, int32_t* node_token, int32_t* node_parent,
                    int32_t* node_depth, int32_t* beam_node, int32_t* num_nodes, cudaStream_t stream) {
   const int64_t P = W * (L - 1);
-  const int64_t threads = P >= 1024 ? 1024 : (P < 32 ? 32 : (P + 31) / 32 * 32);
+  const int64_t threads = P >= kMaxThreads ? kMaxThreads : (P < 32 ? 32 : (P + 31) / 32 * 32);
   const size_t smem = static_cast<size_t>(align16(W * L * int64_t(sizeof(I))) + W * L * 4 + 32 * 4 + W * L);
   return launch_kernel(build_trie_kernel<I>, dim3(static_cast<unsigned>(B)), dim3(static_cast<unsigned>(threads)), smem,
                        stream, beams, W, L, node_token, node_parent, node_depth, beam_node, num_nodes);
@@ -100,13 +102,13 @@ cudaError_t launch(const I* beams, int64_t B, int64_t W, int64_t L, int32_t* nod
 
 }  // namespace
 
-int64_t build_trie_max_positions() { return kMaxPositions; }
+int64_t build_trie_max_beam_tokens() { return kMaxBeamTokens; }
 
 cudaError_t build_trie(const void* beams, IndexType beams_type, int64_t B, int64_t W, int64_t L,
                        int32_t* node_token, int32_t* node_parent, int32_t* node_depth, int32_t* beam_node,
                        int32_t* num_nodes, cudaStream_t stream) {
   if (B == 0) return cudaSuccess;
-  if (W < 1 || L < 1 || W * (L - 1) > kMaxPositions || B > 0x7fffffff) return cudaErrorInvalidValue;
+  if (W < 1 || L < 1 || W * L > kMaxBeamTokens || B > 0x7fffffff) return cudaErrorInvalidValue;
   if (beams_type == IndexType::kInt64) {
     return launch(static_cast<const int64_t*>(beams), B, W, L, node_token, node_parent, node_depth, beam_node,
                   num_nodes, stream);

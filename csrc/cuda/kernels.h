@@ -16,6 +16,7 @@ namespace redrafter::cuda {
 // A parent that is not a lower node index ends the ancestor walk (as if -1).
 cudaError_t tree_mask(const int32_t* node_parent, const int32_t* num_nodes, int64_t B, int64_t N,
                       bool packed, void* out, cudaStream_t stream);
+int64_t tree_mask_max_nodes();  // N above this: the launcher refuses (shared memory)
 
 // beam_topk: logits [B, W, V] (logits_type), scores [B, W] f32, tokens [B, W, L] (tokens_type),
 // state [B, W, state_row_bytes bytes] -> scores_out [B, W] f32, tokens_out [B, W, L] i32,
@@ -29,12 +30,12 @@ cudaError_t beam_topk(const void* logits, FloatType logits_type, const float* sc
 
 // build_trie: beams [B, W, L] (beams_type) -> node_token, node_parent, node_depth [B, N] i32
 // (N = 1 + W*(L-1)), beam_node [B, W, L] i32, num_nodes [B] i32. Tokens are compared at full
-// width and stored cast to int32. Requires W*(L-1) <= build_trie_max_positions() (shared memory;
+// width and stored cast to int32. Requires W*L <= build_trie_max_beam_tokens() (shared memory;
 // the launcher checks).
 cudaError_t build_trie(const void* beams, IndexType beams_type, int64_t B, int64_t W, int64_t L,
                        int32_t* node_token, int32_t* node_parent, int32_t* node_depth, int32_t* beam_node,
                        int32_t* num_nodes, cudaStream_t stream);
-int64_t build_trie_max_positions();
+int64_t build_trie_max_beam_tokens();
 
 // verify_greedy: logits [B, n_logit_rows, V] (logits_type), beams and beam_node [B, W, L]
 // (index_type) -> accept_len, best_beam, next_token [B], path_nodes [B, L], all i32. A beam_node

@@ -38,7 +38,7 @@ __device__ __forceinline__ int64_t checked_accept(const int32_t* cache_len, cons
 }
 
 template <typename Layout, typename Vec, typename I>
-__global__ void copy_kernel(Vec* __restrict__ kv, int64_t units, int64_t B, int64_t H, int64_t vecs, Layout lay,
+__global__ void __launch_bounds__(kThreads) copy_kernel(Vec* __restrict__ kv, int64_t units, int64_t B, int64_t H, int64_t vecs, Layout lay,
                             const int32_t* __restrict__ cache_len, const I* __restrict__ path,
                             const I* __restrict__ acc, int64_t L) {
   const int64_t total = units * vecs;
@@ -68,7 +68,7 @@ __global__ void copy_kernel(Vec* __restrict__ kv, int64_t units, int64_t B, int6
 }
 
 template <typename Layout, typename I>
-__global__ void advance_kernel(int32_t* __restrict__ cache_len, const I* __restrict__ path, const I* __restrict__ acc,
+__global__ void __launch_bounds__(kThreads) advance_kernel(int32_t* __restrict__ cache_len, const I* __restrict__ path, const I* __restrict__ acc,
                                int64_t B, int64_t L, Layout lay) {
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < B;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -8,6 +8,8 @@ namespace redrafter::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// the row's parents are staged in shared memory (4 bytes a node): at most 160 KB, which sm_80 allows
+constexpr int64_t kMaxNodes = 40960;
 
 // Stages trie b's parent array in shared memory (-1 past num_nodes[b]); the caller syncs before
 // reading it.
@@ -21,7 +23,7 @@ __device__ __forceinline__ const int32_t* stage_parents(const int32_t* __restric
   return parent;
 }
 
-__global__ void tree_mask_bool_kernel(const int32_t* __restrict__ node_parent,
+__global__ void __launch_bounds__(kThreads) tree_mask_bool_kernel(const int32_t* __restrict__ node_parent,
                                       const int32_t* __restrict__ num_nodes, int64_t N,
                                       bool* __restrict__ mask) {
   const int64_t b = blockIdx.x;
@@ -42,7 +44,7 @@ __global__ void tree_mask_bool_kernel(const int32_t* __restrict__ node_parent,
   }
 }
 
-__global__ void tree_mask_packed_kernel(const int32_t* __restrict__ node_parent,
+__global__ void __launch_bounds__(kThreads) tree_mask_packed_kernel(const int32_t* __restrict__ node_parent,
                                         const int32_t* __restrict__ num_nodes, int64_t N,
                                         uint32_t* __restrict__ words) {
   const int64_t b = blockIdx.x;
@@ -74,9 +76,12 @@ __global__ void tree_mask_packed_kernel(const int32_t* __restrict__ node_parent,
 
 }  // namespace
 
+int64_t tree_mask_max_nodes() { return kMaxNodes; }
+
 cudaError_t tree_mask(const int32_t* node_parent, const int32_t* num_nodes, int64_t B, int64_t N,
                       bool packed, void* out, cudaStream_t stream) {
   if (B == 0) return cudaSuccess;
+  if (N > kMaxNodes) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(N) * sizeof(int32_t);
   if (packed) {
     return launch_kernel(tree_mask_packed_kernel, dim3(static_cast<unsigned>(B)), dim3(kThreads), smem,

@@ -42,7 +42,7 @@ __device__ int32_t warp_argmax(const T* __restrict__ row, int64_t V) {
 }
 
 template <typename T, typename I>
-__global__ void verify_greedy_kernel(const T* __restrict__ logits, int64_t n_rows, int64_t V,
+__global__ void __launch_bounds__(kMaxWarps * 32) verify_greedy_kernel(const T* __restrict__ logits, int64_t n_rows, int64_t V,
                                      const I* __restrict__ beams, const I* __restrict__ beam_node, int64_t W,
                                      int64_t L, int32_t* __restrict__ accept_len, int32_t* __restrict__ best_beam,
                                      int32_t* __restrict__ path_nodes, int32_t* __restrict__ next_token) {

@@ -17,6 +17,8 @@ namespace {
 at::Tensor tree_mask_cuda(const at::Tensor& node_parent_in, const at::Tensor& num_nodes_in, bool packed) {
   check_tree_mask_inputs(node_parent_in, num_nodes_in);
   check_on_cuda("tree_mask", "node_parent", node_parent_in);
+  TORCH_CHECK_VALUE(node_parent_in.size(1) <= cuda::tree_mask_max_nodes(), "tree_mask: node_parent has ",
+                    node_parent_in.size(1), " nodes per row, more than the CUDA kernel's ", cuda::tree_mask_max_nodes());
   DeviceGuard guard(node_parent_in);
   // int32 inside: a parent or count that does not fit is garbage in any case, and the kernel's
   // walk stops at any parent that is not a lower node index
@@ -61,8 +63,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_tri
   check_build_trie_inputs(beams_in);
   check_on_cuda("build_trie", "beams", beams_in);
   const int64_t W = beams_in.size(1), L = beams_in.size(2);
-  TORCH_CHECK_VALUE(W * (L - 1) <= cuda::build_trie_max_positions(), "build_trie: beams shape ", beams_in.sizes(),
-                    " has more than ", cuda::build_trie_max_positions(), " draft positions per row (CUDA kernel)");
+  TORCH_CHECK_VALUE(W * L <= cuda::build_trie_max_beam_tokens(), "build_trie: beams shape ", beams_in.sizes(),
+                    " has more than ", cuda::build_trie_max_beam_tokens(), " tokens (W*L) per row (CUDA kernel)");
   DeviceGuard guard(beams_in);
   const at::Tensor beams = beams_in.contiguous();
   const int64_t B = beams.size(0), N = 1 + W * (L - 1);
