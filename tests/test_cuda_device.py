@@ -48,7 +48,8 @@ def test_beam_topk(B, W, V, dtype):
         torch.testing.assert_close(got[0].cpu(), exp[0], atol=1e-5, rtol=1e-6, equal_nan=True)
 
 
-@pytest.mark.parametrize("B,W,L", list(itertools.product((1, 7, 256), (1, 8, 64), (2, 5, 16))))
+# (2, 96, 128): W*L at the kernel's limit, 156 KB of shared memory (the opt-in above 48 KB)
+@pytest.mark.parametrize("B,W,L", list(itertools.product((1, 7, 256), (1, 8, 64), (2, 5, 16))) + [(2, 96, 128)])
 def test_build_trie_tree_mask(B, W, L):
     for vocab in (3, 128256):
         beams = torch.randint(0, vocab, (B, W, L), generator=gen(B + W + L))
@@ -111,6 +112,12 @@ def test_opcheck_cuda():
 def test_bad_inputs_cuda():
     with pytest.raises(ValueError, match="beams must have 3 dims"):
         ops.build_trie(torch.zeros(2, 3, dtype=torch.int32, device="cuda"))
+    # shapes whose shared memory would not fit a block: a clear error, not a failed launch
+    with pytest.raises(ValueError, match=r"tokens \(W\*L\) per row"):
+        ops.build_trie(torch.zeros(1, 128, 97, dtype=torch.int32, device="cuda"))
+    big = torch.full((1, 40961), -1, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="nodes per row"):
+        ops.tree_mask(big, torch.ones(1, dtype=torch.int32, device="cuda"), packed=True)
     with pytest.raises(ValueError, match="is on"):
         ops.verify_greedy(torch.zeros(1, 3, 5, device="cuda"), torch.zeros(1, 2, 2, dtype=torch.int32),
                           torch.zeros(1, 2, 2, dtype=torch.int32, device="cuda"))
@@ -121,7 +128,8 @@ def _clone_state(s):
                                      if isinstance(getattr(s, f.name), torch.Tensor)})
 
 
-def test_decode_step_cuda_graph():
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampling"])
+def test_decode_step_cuda_graph(sampled):
     from helpers import random_drafter, random_target
 
     target = random_target(vocab=97, hidden=64, layers=2).cuda()
@@ -131,21 +139,31 @@ def test_decode_step_cuda_graph():
     state = decode._start(target, prompts, 24, ref.num_nodes_max(W, L), None, None)
     eager = _clone_state(state)
     step = dict(beam_width=W, beam_length=L, ops=ops)
+    graph_step, eager_step = dict(step), dict(step)
+    graph = torch.cuda.CUDAGraph()
+    if sampled:
+        # a graph replays its RNG kernels with the offsets of the capture unless the generator is
+        # registered with it: then each replay draws fresh uniforms, as eager steps do
+        gens = [torch.Generator(device="cuda").manual_seed(11) for _ in range(2)]
+        graph.register_generator_state(gens[0])
+        graph_step["sampling"] = decode.SamplingParams(1.0, 20, 0.9, generator=gens[0])
+        eager_step["sampling"] = decode.SamplingParams(1.0, 20, 0.9, generator=gens[1])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up outside the capture (allocator, lazy init)
-        decode.decode_step(target, drafter, state, **step)
+        decode.decode_step(target, drafter, state, **graph_step)
     torch.cuda.current_stream().wait_stream(side)
-    decode.decode_step(target, drafter, eager, **step)
-    graph = torch.cuda.CUDAGraph()
+    decode.decode_step(target, drafter, eager, **eager_step)
     with torch.cuda.graph(graph):
-        decode.decode_step(target, drafter, state, **step)
+        decode.decode_step(target, drafter, state, **graph_step)
     for _ in range(6):
         graph.replay()
-        decode.decode_step(target, drafter, eager, **step)
+        decode.decode_step(target, drafter, eager, **eager_step)
     torch.cuda.synchronize()
     for name in ("out", "num_out", "cache_len", "token", "done", "steps", "nodes"):
         assert torch.equal(getattr(state, name), getattr(eager, name)), name
+    if sampled:
+        return
     # and the whole generation equals plain greedy decoding on the GPU
     out = decode.generate(target, drafter, prompts, 24, beam_width=W, beam_length=L, ops=ops)
     ar = decode.autoregressive_generate(target, prompts, 24)
