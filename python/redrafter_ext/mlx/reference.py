@@ -142,7 +142,8 @@ def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False) 
     """Ancestor-or-self mask of the trie.
 
     Args:
-        node_parent: ``(B, N)`` int, parent of each node (-1 for the root and padding), parent < child.
+        node_parent: ``(B, N)`` int, parent of each node (-1 for the root and padding), parent < child;
+            any other parent (a self-parent, a cycle) makes the node a root, as in the native op.
         num_nodes: ``(B,)`` int, valid nodes per row; rows ``>= num_nodes`` see only themselves.
         packed: return int32 bit words instead of bools.
 
