@@ -442,7 +442,15 @@ def test_bad_inputs(op, i, fn, exc, pattern):
                 assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("op,i,fn,exc,pattern", _bad_cases())
+def _parity_cases():
+    # one known split: the CPU launcher rejects int64 ids >= 2^31 in build_trie, while the CUDA
+    # kernel (no host read) and the reference, its oracle, compare them at full width
+    wide = pytest.mark.xfail(strict=True, reason="build_trie: ids >= 2^31 rejected by the CPU op only")
+    return [pytest.param(*c.values, id=c.id, marks=wide if c.values[::4] == ("build_trie", "beams.*token id") else ())
+            for c in _bad_cases()]
+
+
+@pytest.mark.parametrize("op,i,fn,exc,pattern", _parity_cases())
 def test_reference_rejects_what_native_rejects(op, i, fn, exc, pattern):
     # the reference is the oracle: same contract. Metadata errors are the same exceptions (shared
     # checks); a bad value is a device-side assert there (RuntimeError on the CPU, no host sync).
