@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # One entry point that sets everything up idempotently, then runs a job:
+#   ./run.sh setup                  create the venv, install dependencies, build the extension
 #   ./run.sh demo [demo options]    greedy AR vs ReDrafter on the shipped model
 #   ./run.sh test [pytest options]  the test suite
-#   ./run.sh bench|train|shell ...  benchmarks, training CLI, a shell in the venv
+#   ./run.sh bench [SCRIPT] [opts]  a benchmark (default bench/bench_ops.py; --help lists them)
+#   ./run.sh train|shell ...        the training CLI, a shell in the venv
+#   ./run.sh deps                   print the packages setup installs (no set-up)
 # Environment: PYTHON (interpreter, default python3), VENV (default ./.venv),
-# TORCH_SPEC (default torch==2.13.0, the CPU wheel), REDRAFTER_CUDA/TORCH/MLX=ON|OFF|AUTO.
+# TORCH_SPEC (default torch==2.13.0, the CPU wheel), MLX_SPEC (empty: no MLX backend),
+# REDRAFTER_CUDA/TORCH/MLX=ON|OFF|AUTO.
 set -euo pipefail
 cd "$(dirname "$0")"
 root=$(pwd)
@@ -15,12 +19,25 @@ DEPS=(numpy safetensors tqdm tokenizers "transformers>=4.45" pytest hypothesis m
       "scikit-build-core>=0.10" "nanobind>=3,<4" "cmake>=3.26" ninja ruff)
 # MLX: the Linux wheel needs the [cpu] extra (plain mlx fails to import there); nanobind 3.x matches
 # mlx 0.32's ABI. MLX_SPEC= (empty) skips the MLX backend.
-if [ "$(uname -s)" = Darwin ]; then MLX_SPEC=${MLX_SPEC-"mlx>=0.32,<0.33"}; else MLX_SPEC=${MLX_SPEC-"mlx[cpu]>=0.32,<0.33"}; fi
+if [ "$(uname -s)" = Darwin ]; then MLX_SPEC=${MLX_SPEC-"mlx>=0.32,<0.33"}; else
+  # the mlx[cpu] wheel needs glibc >= 2.35: without it, skip the MLX backend (unless MLX_SPEC is set)
+  mlx_skip=
+  if [ -z "${MLX_SPEC+set}" ]; then
+    glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}' || true)
+    if [ -z "$glibc" ] || [ "$(printf '%s\n' 2.35 "$glibc" | sort -V | head -n1)" != 2.35 ]; then
+      mlx_skip="skipping the MLX backend: mlx[cpu] needs glibc >= 2.35, this system has ${glibc:-no glibc}"
+      MLX_SPEC=
+    fi
+  fi
+  MLX_SPEC=${MLX_SPEC-"mlx[cpu]>=0.32,<0.33"}
+fi
 [ -n "$MLX_SPEC" ] && DEPS+=("$MLX_SPEC")
 
 say() { printf '\033[1m[run.sh]\033[0m %s\n' "$*" >&2; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
 setup() {
+  if [ -n "${mlx_skip:-}" ]; then say "$mlx_skip"; fi
   if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ needed"' \
       || { say "need Python >= 3.10 (set PYTHON=...)"; exit 1; }
@@ -56,9 +73,20 @@ shift || true
 case "$job" in
   demo)  setup; exec python -m redrafter_ext.demo "$@" ;;
   test)  setup; cd "$root"; exec python -m pytest -q "$@" ;;
-  bench) setup; script=${1:-bench/bench_ops.py}; shift || true; exec python "$script" "$@" ;;
+  bench)
+    case "${1:-}" in
+      -h|--help|help)
+        echo "usage: ./run.sh bench [SCRIPT] [options]   (default SCRIPT: bench/bench_ops.py)"
+        echo "scripts (each takes --help):"; (cd "$root" && ls bench/*.py | sed 's/^/  /'); exit 0 ;;
+      ""|-*) script=bench/bench_ops.py ;;  # options only: they are the default script's
+      *) script=$1; shift ;;
+    esac
+    [ -f "$root/$script" ] || [ -f "$script" ] || { say "no benchmark script $script (see ./run.sh bench --help)"; exit 2; }
+    setup; exec python "$script" "$@" ;;
   train) setup; exec python -m redrafter_ext.train "$@" ;;
   shell) setup; exec "${SHELL:-bash}" ;;
   setup) setup ;;
-  *) sed -n '2,8p' "$0"; exit 2 ;;
+  deps) if [ -n "${mlx_skip:-}" ]; then say "$mlx_skip"; fi; printf '%s\n' "$TORCH_SPEC" "${DEPS[@]}" ;;
+  help|-h|--help) usage ;;
+  *) say "unknown job: $job"; usage >&2; exit 2 ;;
 esac

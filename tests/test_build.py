@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,3 +66,84 @@ def test_mlx_backend_built_and_torch_free():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[3]"
+
+
+# ---- packaging and set-up ---------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _torch_minor() -> str:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return f"{major}.{minor}"
+
+
+def test_installed_distribution_pins_the_torch_it_was_built_with():
+    # the compiled ops follow libtorch's C++ ABI of this minor release: the wheel must say so
+    reqs = importlib.metadata.requires("redrafter_ext") or []
+    torch_reqs = [r for r in reqs if r.split(";")[0].strip().startswith("torch")]
+    assert torch_reqs == [f"torch=={_torch_minor()}.*"], reqs
+    assert {"numpy", "safetensors", "tqdm", "tokenizers"} <= {r.split(";")[0].strip() for r in reqs}
+    mlx_extra = [r for r in reqs if "extra == \"mlx\"" in r]
+    assert any(r.startswith("mlx[cpu]") and "linux" in r for r in mlx_extra), reqs
+
+
+def test_torch_pin_provider():
+    spec = importlib.util.spec_from_file_location("torch_pin", ROOT / "buildtools" / "torch_pin.py")
+    pin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pin)
+    assert pin.torch_requirement("torch>=2.4", "2.13.0+cpu") == "torch==2.13.*"
+    assert pin.torch_requirement("torch>=2.4", "2.14.1") == "torch==2.14.*"
+    assert pin.dynamic_metadata("dependencies", {"torch": "torch>=2.4", "base": ["numpy"]}) == [
+        f"torch=={_torch_minor()}.*", "numpy"]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("REDRAFTER_TORCH", "OFF")  # no torch module compiled: no pin
+        assert pin.dynamic_metadata("dependencies", {"torch": "torch>=2.4"}) == ["torch>=2.4"]
+    with pytest.raises(RuntimeError, match="dependencies only"):
+        pin.dynamic_metadata("version", {})
+
+
+def test_readme_wheel_command_and_gitignore():
+    readme = (ROOT / "README.md").read_text()
+    assert "pip wheel --no-build-isolation --no-deps -w dist/ ." in readme
+    assert "pip wheel --no-build-isolation .  " not in readme and "pip wheel --no-build-isolation .\n" not in readme
+    assert "glibc >= 2.35" in readme and "C++20" in readme
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert "dist/" in ignored and "*.whl" in ignored
+
+
+def _run_sh(*args, env=None):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run(["bash", str(ROOT / "run.sh"), *args], capture_output=True, text=True, env=e, timeout=60)
+
+
+def test_run_sh_help():
+    for args in ((), ("help",), ("--help",)):
+        r = _run_sh(*args)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("One entry point") and "./run.sh demo" in r.stdout
+        assert "set -euo" not in r.stdout and "#" not in r.stdout
+    r = _run_sh("frobnicate")
+    assert r.returncode == 2 and "unknown job: frobnicate" in r.stderr
+    r = _run_sh("bench", "--help")  # lists the scripts instead of running `python --help`
+    assert r.returncode == 0 and "bench/bench_ops.py" in r.stdout and "usage: ./run.sh bench" in r.stdout
+    assert "python [option]" not in r.stdout + r.stderr
+    r = _run_sh("bench", "bench/no_such.py")
+    assert r.returncode == 2 and "no benchmark script bench/no_such.py" in r.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the glibc check is for the Linux mlx[cpu] wheel")
+@pytest.mark.parametrize("glibc,mlx", [("2.31", False), ("2.34", False), ("2.35", True), ("2.39", True)])
+def test_run_sh_skips_mlx_on_old_glibc(tmp_path, glibc, mlx):
+    fake = tmp_path / "getconf"
+    fake.write_text(f"#!/bin/sh\necho 'glibc {glibc}'\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env_clean = {k: v for k, v in os.environ.items() if k != "MLX_SPEC"}
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "deps"], capture_output=True, text=True,
+                       env=dict(env_clean, **env), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert any(line.startswith("mlx[cpu]") for line in r.stdout.splitlines()) == mlx
+    skipped = [line for line in r.stderr.splitlines() if "skipping the MLX backend" in line]
+    assert len(skipped) == (0 if mlx else 1)
+    if not mlx:
+        assert f"needs glibc >= 2.35, this system has {glibc}" in skipped[0]

@@ -246,3 +246,89 @@ def test_decode_step_with_sampling_compiles_fullgraph():
         return rx.decode_step(tgt, drafter, s, beam_width=3, beam_length=3, ops=rx.ops, sampling=sampling, uniforms=u)
 
     assert torch.equal(run(step), run(torch.compile(step, fullgraph=True)))
+
+
+# ---- cache room, state checks, generate's arguments ------------------------------------------------
+def test_decode_step_cache_overflow_raises_naming_the_row(target):
+    # S = 12 slots, W=2 L=3 -> N = 5: row 1 at cache_len 8 needs 13. Before anything is written, the
+    # step must name the row and the room; a step that is allowed to run anyway would index past S.
+    d = random_drafter(target)
+    state = _start(target, [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11]], 4, 4, None, None)
+    state.kv = state.kv[:, :, :, :, :12].contiguous()
+    kv0, len0, out0 = state.kv.clone(), state.cache_len.clone(), state.out.clone()
+    with pytest.raises(ValueError, match=r"row 1: cache_len = 8.* N = 1 \+ W\*\(L-1\) = 5.* needs 13 .* S = 12"):
+        rx.decode_step(target, d, state, beam_width=2, beam_length=3)
+    assert torch.equal(state.kv, kv0) and torch.equal(state.cache_len, len0) and torch.equal(state.out, out0)
+    state.cache_len[1] = -1
+    with pytest.raises(ValueError, match="row 1: cache_len = -1"):
+        rx.decode_step(target, d, state, beam_width=2, beam_length=3)
+    # exactly enough room (cache_len = S - N) runs
+    state.cache_len[1] = 7
+    rx.decode_step(target, d, state, beam_width=2, beam_length=3)
+
+
+def test_decode_step_rejects_bad_state_dtypes_without_writing(target):
+    d = random_drafter(target)
+
+    def fresh():
+        return _start(target, [[1, 2, 3], [4, 5], [6]], 8, 4, None, None)
+
+    for name, bad, match in [
+        ("done", lambda t: t.to(torch.int32), "state.done must have dtype in .bool"),
+        ("num_out", lambda t: t.long(), "state.num_out must have dtype in .int32"),
+        ("steps", lambda t: t.float(), "state.steps must have dtype in .int32"),
+        ("nodes", lambda t: t.to(torch.int16), "state.nodes must have dtype in .int32"),
+        ("token", lambda t: t.long(), "state.token must have dtype in .int32"),
+        ("hidden", lambda t: t.to(torch.int32), "state.hidden must have dtype"),
+        ("kv", lambda t: t[:, :, :2].contiguous(), "state.kv has batch 2 but the other fields have B = 3"),
+        ("done", lambda t: t[:2], "state.done has batch 2 but the other fields have B = 3"),
+        ("max_new_tokens", lambda m: 2.5, "state.max_new_tokens must be an int"),
+        ("eos_id", lambda e: 97, "state.eos_id must be None or an int"),
+    ]:
+        state = fresh()
+        setattr(state, name, bad(getattr(state, name)))
+        kv0 = state.kv.clone()
+        snap = {f: getattr(state, f).clone() for f in ("cache_len", "out", "num_out", "token")}
+        with pytest.raises((TypeError, ValueError), match=match):
+            rx.decode_step(target, d, state, beam_width=2, beam_length=3)
+        assert torch.equal(state.kv[:, :, : kv0.shape[2]], kv0), name
+        assert all(torch.equal(getattr(state, f), v) for f, v in snap.items()), name
+
+
+def test_generate_rejects_bad_arguments_by_name(target):
+    d = random_drafter(target)
+    for fn in (lambda p, n: rx.generate(target, d, p, n), lambda p, n: rx.autoregressive_generate(target, p, n)):
+        with pytest.raises(TypeError, match="prompts is a string: tokenize it first"):
+            fn("def main():", 4)
+        with pytest.raises(TypeError, match=r"prompts\[1\] is a string: tokenize it first"):
+            fn([[1, 2], "abc"], 4)
+        with pytest.raises(TypeError, match=r"flat list of ints; for one prompt pass \[\[1, \.\.\.\]\]"):
+            fn([1, 2, 3], 4)
+        with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got 2.5"):
+            fn([[1, 2, 3]], 2.5)
+        with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got True"):
+            fn([[1, 2, 3]], True)
+        with pytest.raises(TypeError, match=r"prompts\[0\]\[1\] = 2.5 is not an int token id"):
+            fn([[1, 2.5, 3]], 4)
+        with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = True is not an int token id"):
+            fn([[True, 2]], 4)
+        with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = 1.0 is not an int token id"):
+            fn(torch.tensor([[1.0, 2.0]]), 4)
+        with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = True is not an int token id"):
+            fn(torch.tensor([[True, False]]), 4)
+        with pytest.raises(ValueError, match="eos_id must be None or an int"):
+            rx.generate(target, d, [[1, 2]], 4, eos_id=3.0)
+    # tensors and NumPy integers are token ids like Python ints
+    assert rx.generate(target, d, torch.tensor([[1, 2, 3]]), 3).tokens == rx.generate(target, d, [[1, 2, 3]], 3).tokens
+
+
+def test_generate_stops_at_max_position_embeddings():
+    target = random_target(vocab=31, hidden=32, layers=1, seed=5)
+    target.config.max_position_embeddings = P = 24
+    d = random_drafter(target, layers=1)
+    with pytest.raises(ValueError, match=rf"prompts\[1\] has 5 tokens; .*reaches {P + 1} positions.*max_position_embeddings={P}"):
+        rx.generate(target, d, [[1, 2], [1, 2, 3, 4, 5]], P - 4)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        rx.autoregressive_generate(target, [[1, 2, 3, 4, 5]], P - 4)
+    # exactly the context: prompt + max_new_tokens = P
+    assert len(rx.generate(target, d, [[1, 2, 3, 4, 5]], P - 5, beam_width=2, beam_length=3).tokens[0]) == P - 5

@@ -3,6 +3,8 @@ with the torch backend) on the shipped model, EOS and mixed prompt lengths, samp
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 mx = pytest.importorskip("mlx.core")
@@ -274,3 +276,75 @@ def test_generate_first_tokens_follow_target(method, tmp_path):
         assert pval < 1e-6  # the test has the power to see a wrong acceptance rule
     else:
         assert pval > 0.01
+
+
+# ------------------------------------------------------------------------------------------------
+# cache room, state checks, generate's arguments (the torch loop's rules, tests/test_decode.py)
+
+
+@pytest.mark.parametrize("ops", OPS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_cache_overflow_stops_and_flags_the_row(tiny, ops):
+    # S = 12, W=2 L=3 -> N = 5: row 1 (cache_len 8) lacks room. It must commit nothing, be marked
+    # done and flagged; the other row steps normally; check_overflow names the row.
+    _, _, mt, md = tiny
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11]]
+    state = rxm.decode._start(mt, prompts, 4, 4, None, None, None, 0)
+    state = dataclasses.replace(state, kv=state.kv[:, :, :, :, :12])
+    state.check_overflow()  # no flags yet
+    new, n = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, ops=ops)
+    mx.eval(new.arrays(), n)
+    assert new.overflow.tolist() == [False, True] and new.done.tolist() == [False, True]
+    assert n.tolist()[1] == 0 and new.num_out.tolist()[1] == 0 and new.cache_len.tolist()[1] == 8
+    np.testing.assert_array_equal(to_np(new.kv[:, :, 1, :, :8]), to_np(state.kv[:, :, 1, :, :8]))
+    # row 0 steps as without the check
+    unchecked, _ = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, ops=ops, check_room=False)
+    assert new.out.tolist()[0] == unchecked.out.tolist()[0] and new.num_out.tolist()[0] == unchecked.num_out.tolist()[0]
+    assert new.num_out.tolist()[0] >= 1
+    with pytest.raises(ValueError, match=r"cache overflow in row 1: cache_len = 8 leaves room for 4 of the S = 12"):
+        new.check_overflow()
+    # the flag is sticky and exact room (cache_len = S - N) is fine
+    newer, _ = rxm.decode_step(mt, md, new, beam_width=2, beam_length=3, ops=ops)
+    assert newer.overflow.tolist() == [False, True]
+    ok = rxm.decode._start(mt, [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], 4, 4, None, None, None, 0)
+    ok = dataclasses.replace(ok, kv=ok.kv[:, :, :, :, :12])
+    ok, _ = rxm.decode_step(mt, md, ok, beam_width=2, beam_length=3, ops=ops)
+    assert ok.overflow.tolist() == [False, False]
+    ok.check_overflow()
+
+
+def test_decode_step_rejects_bad_state(tiny):
+    _, _, mt, md = tiny
+    replace = dataclasses.replace
+    state = rxm.decode._start(mt, [[1, 2, 3], [4, 5], [6]], 8, 4, None, None, None, 0)
+    for name, bad, match in [
+        ("done", lambda a: a.astype(mx.int32), "state.done must have dtype in .bool"),
+        ("num_out", lambda a: a.astype(mx.int64), "state.num_out must have dtype in .int32"),
+        ("steps", lambda a: a.astype(mx.float32), "state.steps must have dtype in .int32"),
+        ("nodes", lambda a: a.astype(mx.int16), "state.nodes must have dtype in .int32"),
+        ("hidden", lambda a: a.astype(mx.int32), "state.hidden must have dtype"),
+        ("kv", lambda a: a[:, :, :2], "state.kv has batch 2 but the other fields have B = 3"),
+        ("cache_len", lambda a: a[:2], "state.cache_len has batch 2 but the other fields have B = 3"),
+        ("max_new_tokens", lambda m: 2.5, "state.max_new_tokens must be an int"),
+    ]:
+        with pytest.raises((TypeError, ValueError), match=match):
+            rxm.decode_step(mt, md, replace(state, **{name: bad(getattr(state, name))}), beam_width=2, beam_length=3)
+
+
+def test_generate_rejects_bad_arguments_by_name(tiny):
+    _, _, mt, md = tiny
+    for fn in (lambda p, n: rxm.generate(mt, md, p, n), lambda p, n: rxm.autoregressive_generate(mt, p, n)):
+        with pytest.raises(TypeError, match="prompts is a string: tokenize it first"):
+            fn("def main():", 4)
+        with pytest.raises(TypeError, match=r"flat list of ints; for one prompt pass \[\[1, \.\.\.\]\]"):
+            fn([1, 2, 3], 4)
+        with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got 2.5"):
+            fn([[1, 2, 3]], 2.5)
+        with pytest.raises(TypeError, match=r"prompts\[0\]\[1\] = 2.5 is not an int token id"):
+            fn([[1, 2.5, 3]], 4)
+        with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = True is not an int token id"):
+            fn([[True, 2]], 4)
+        with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = 1.0 is not an int token id"):
+            fn(mx.array([[1.0, 2.0]]), 4)
+    P = mt.config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"prompts\[0\] has 3 tokens; .*max_position_embeddings={P}"):
+        rxm.generate(mt, md, [[1, 2, 3]], P - 2)

@@ -150,6 +150,22 @@ def test_tree_mask_out_of_range_values_are_guarded():
         assert_same([got], [ref.tree_mask(fixed, num.clamp(0, 6), packed)])
 
 
+def test_reference_guards_tree_values_as_the_kernel_does():
+    # the MLX reference is the oracle of these ops: a self-parent, a cycle or a parent past the node
+    # makes the node a root there too (values cannot be asserted without a host read)
+    from redrafter_ext.mlx import reference as mref
+
+    parent = to_mx(torch.tensor([[-1, 1, 0, 0], [-1, 2, 1, 0], [-1, 0, 3, 2], [-1, 0, 0, -2], [-1, 0, 1, 2]]))
+    num = to_mx(torch.tensor([4, 4, 4, 4, 9]))
+    for packed in (False, True):
+        got, want = mref.tree_mask(parent, num, packed), ops.tree_mask(parent, num, packed)
+        np.testing.assert_array_equal(np.array(got), np.array(want))
+    for W, L in [(1, 1), (3, 4)]:  # B = 0
+        beams = mx.zeros((0, W, L), dtype=mx.int32)
+        for a, b in zip(mref.build_trie(beams), ops.build_trie(beams), strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype
+
+
 # ------------------------------------------------------------------------------------------------
 # verify_greedy, verify_sample
 

@@ -426,3 +426,19 @@ def test_cuda_device():
         rx.ops.kv_compact_paged(p1, t1, c1, path1, acc1)
         assert torch.equal(c1.cpu(), c2) and torch.equal(p1.cpu().view(torch.uint8), p2.view(torch.uint8))
     torch.library.opcheck(torch.ops.redrafter.kv_compact_paged.default, (p1, t1, c1, path1, acc1))
+
+
+def test_paged_cache_overflow_raises_naming_the_row(target):
+    # max_len 11 < cache_len 7 + N 5 in row 0, while the row's blocks (capacity 30) have room: the
+    # tree's last node would lie past the S slots attention reads and could not see itself
+    d = random_drafter(target)
+    paged = shuffled_paged(target, 3, 30, 5, seed=2)
+    state = _start(target, PROMPTS_3, 4, 4, None, None, None, paged)
+    state.kv = PagedKV(paged.pages, paged.block_table, 11)
+    pages0, len0 = paged.pages.clone(), state.cache_len.clone()
+    for ops in (rx.ops, rx.reference):
+        with pytest.raises(ValueError, match=r"row 0: cache_len = 7.* = 5 tree slots.* needs 12 .* S = 11 \(room for 4\)"):
+            rx.decode_step(target, d, state, beam_width=2, beam_length=3, ops=ops)
+        assert torch.equal(paged.pages, pages0) and torch.equal(state.cache_len, len0)
+    state.kv = PagedKV(paged.pages, paged.block_table, 12)  # exactly enough
+    rx.decode_step(target, d, state, beam_width=2, beam_length=3)

@@ -404,6 +404,22 @@ def test_reproducible_and_rejects_bad_input():
         ref.verify_sample(logits, beams, beam_node, au + 1, su, 1.0)
 
 
+def test_native_and_reference_take_the_same_scalars():
+    # the schema casts top_k=2.5 to 2 and True to 1: the wrapper must apply the reference's rule first
+    import redrafter_ext.ops as ops
+
+    args = random_case(4, 2, 3, 7, seed=7)
+    for t, k, p, name in [(1.0, 2.5, 1.0, "top_k"), (1.0, True, 1.0, "top_k"), (1.0, -1, 1.0, "top_k"),
+                          (True, 0, 1.0, "temperature"), (float("nan"), 0, 1.0, "temperature"),
+                          (float("inf"), 0, 1.0, "temperature"), (1.0, 0, True, "top_p"), (1.0, 0, 1.5, "top_p"),
+                          (1.0, 2.0, 1.0, "top_k"), ("1.0", 0, 1.0, "temperature")]:
+        for impl in (ops, ref):
+            with pytest.raises(ValueError, match=f"verify_sample: {name} must be"):
+                impl.verify_sample(*args, t, k, p)
+    for t, k, p in [(1, 2, 1), (0.5, 0, 0.9), (0.0, 3, 1.0)]:  # ints are fine where floats are expected
+        assert all(torch.equal(a, b) for a, b in zip(ops.verify_sample(*args, t, k, p), ref.verify_sample(*args, t, k, p)))
+
+
 # ------------------------------------------------------------------------------------------------
 # the native kernel equals the reference given the same uniforms
 

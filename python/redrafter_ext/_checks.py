@@ -70,3 +70,8 @@ def check_verify_sample(
     _TORCH.verify_sample(
         logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p, verify_op="verify_greedy"
     )
+
+
+def check_sampling_args(op: str, temperature: float, top_k: int, top_p: float) -> None:
+    """temperature finite >= 0, top_k an int >= 0, top_p in (0, 1]; bools and 2.5-style top_k rejected."""
+    _TORCH.sampling_args(op, temperature, top_k, top_p)

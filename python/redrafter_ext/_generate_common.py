@@ -7,6 +7,7 @@ result of both backends' ``generate``.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -24,26 +25,86 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         raise ValueError(f"sampling: top_p must be a float in (0, 1] (1: off), got {p!r}")
 
 
+def _is_int(x: object) -> bool:
+    # numpy integers are numbers.Integral too; bools are ints to Python but never token ids
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _row_list(p: object) -> object:
+    """A row as a Python list when it is an array (torch, NumPy, MLX), else unchanged."""
+    return p.tolist() if hasattr(p, "tolist") and not isinstance(p, (list, tuple)) else p
+
+
 def prompt_rows(prompts: Iterable[Iterable[int]], vocab_size: int) -> list[list[int]]:
-    """The prompts as lists of ints, each non-empty with ids in ``[0, vocab_size)``."""
-    rows = [list(map(int, p)) for p in prompts]
-    if not rows:
+    """The prompts as lists of ints, each non-empty with ids in ``[0, vocab_size)``.
+
+    Rejected with a message naming ``prompts``: text (tokenize first), a flat list of ints (one
+    prompt must be wrapped: ``[[...]]``), and non-integer ids (floats, bools), which are never rounded.
+    """
+    if isinstance(prompts, (str, bytes)):
+        raise TypeError("generate: prompts is a string: tokenize it first (prompts are token ids, "
+                        "a list of lists of ints or a (B, T) integer tensor)")
+    prompts = _row_list(prompts)
+    if not isinstance(prompts, Iterable):
+        raise TypeError(f"generate: prompts must be a list of token-id lists, got {type(prompts).__name__}")
+    prompts = list(prompts)
+    if not prompts:
         raise ValueError("generate: prompts is empty")
     V = vocab_size
-    for b, p in enumerate(rows):
+    rows = []
+    for b, p in enumerate(prompts):
+        p = _row_list(p)
+        if isinstance(p, (str, bytes)):
+            raise TypeError(f"generate: prompts[{b}] is a string: tokenize it first (each prompt is a list of "
+                            "int token ids)")
+        if _is_int(p):
+            raise TypeError(f"generate: prompts must be a list of token-id lists (one per row), got a flat list "
+                            f"of ints; for one prompt pass [[{p}, ...]]")
+        if not isinstance(p, Iterable):
+            raise TypeError(f"generate: prompts[{b}] must be a list of int token ids, got {type(p).__name__}")
+        p = list(p)
         if not p:
             raise ValueError(f"generate: prompts[{b}] is empty")
+        for i, t in enumerate(p):
+            if not _is_int(t):
+                raise TypeError(f"generate: prompts[{b}][{i}] = {t!r} is not an int token id "
+                                f"({type(t).__name__}; ids are never rounded)")
         bad = [t for t in p if not 0 <= t < V]
         if bad:
             raise ValueError(f"generate: prompts[{b}] has token id {bad[0]} outside the vocabulary [0, {V})")
+        rows.append([int(t) for t in p])
     return rows
 
 
 def check_generate_args(max_new_tokens: int, eos_id: int | None, vocab_size: int) -> None:
-    if max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-    if eos_id is not None and not 0 <= eos_id < vocab_size:
-        raise ValueError(f"generate: eos_id={eos_id} is outside the vocabulary [0, {vocab_size})")
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if eos_id is not None and (not _is_int(eos_id) or not 0 <= eos_id < vocab_size):
+        raise ValueError(f"generate: eos_id must be None or an int in the vocabulary [0, {vocab_size}), got {eos_id!r}")
+
+
+def max_positions(target: object) -> int | None:
+    """The target's ``config.max_position_embeddings`` (its context length), None when it has none."""
+    n = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    return n if _is_int(n) and n > 0 else None
+
+
+def check_context(rows: list[list[int]], max_new_tokens: int, target: object) -> None:
+    """Prompt + max_new_tokens must fit in the target's context (``max_position_embeddings``).
+
+    Draft nodes past it in the last step are never committed, so only committed positions count.
+    """
+    P = max_positions(target)
+    if P is None:
+        return
+    b = max(range(len(rows)), key=lambda r: len(rows[r]))
+    n = len(rows[b]) + max_new_tokens
+    if n > P:
+        raise ValueError(
+            f"generate: prompts[{b}] has {len(rows[b])} tokens; with max_new_tokens={max_new_tokens} the sequence "
+            f"reaches {n} positions, past the model's max_position_embeddings={P} (shorten the prompt or lower "
+            "max_new_tokens)"
+        )
 
 
 def cache_length(T: int, max_new_tokens: int, slack: int, max_len: int | None) -> int:
@@ -57,6 +118,16 @@ def cache_length(T: int, max_new_tokens: int, slack: int, max_len: int | None) -
             f"+ trie N={slack} needs {need} cache slots"
         )
     return S
+
+
+def cache_room_error(op: str, row: int, cache_len: int, N: int, S: int) -> str:
+    """The message for a row without room for the N tree slots a decode step writes."""
+    return (
+        f"{op}: cache overflow in row {row}: cache_len = {cache_len}, and a step writes N = 1 + W*(L-1) = {N} tree "
+        f"slots from there, so it needs {cache_len + N} cache slots, but the cache has S = {S} (room for "
+        f"{max(S - cache_len, 0)}); every row, finished or not, needs cache_len + N <= S before each step "
+        "(give the cache more slots, or park a finished row at cache_len = 0)"
+    )
 
 
 @dataclass

@@ -17,6 +17,38 @@ def num_nodes_max(beam_width: int, beam_length: int) -> int:
     return 1 + beam_width * (beam_length - 1)
 
 
+# -- value rules -----------------------------------------------------------------------------------
+# Elementwise predicates on arrays of either framework (only comparison operators are used), shared by
+# the torch reference (which asserts them on the device) and the MLX one (which sanitises instead, as
+# its kernels do). The native torch ops check the same rules on the host (csrc/torch/ops_cpu.cpp).
+TOKEN_MAX = 2**31 - 1
+
+
+def token_ids_ok(tokens: Any) -> Any:
+    """Token ids must lie in ``[0, 2^31)``."""
+    return (tokens >= 0) & (tokens <= TOKEN_MAX)
+
+
+def parents_ok(node_parent: Any, node: Any) -> Any:
+    """Node ``i``'s parent must be -1 (a root) or a lower node index: no self-parent, no cycle."""
+    return (node_parent >= -1) & (node_parent < node)
+
+
+def nodes_ok(node_ids: Any, num_nodes: int) -> Any:
+    """Node ids (``beam_node``) must index the ``num_nodes`` nodes of the logits."""
+    return (node_ids >= 0) & (node_ids < num_nodes)
+
+
+def common_batch(op: str, batches: dict[str, int]) -> int:
+    """The batch size most of ``batches`` (field name -> its batch) agree on; blames the odd one out."""
+    counts = list(batches.values())
+    B = max(counts, key=counts.count)
+    for name, b in batches.items():
+        if b != B:
+            raise ValueError(f"{op}: {name} has batch {b} but the other fields have B = {B} rows")
+    return B
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -156,6 +188,11 @@ class ArrayChecks:
         self.array(op, "sample_u", sample_u, "B", (self.float32,), dev)
         self.shape(op, "accept_u", accept_u, (B, L - 1, W), "B, L-1, W")
         self.shape(op, "sample_u", sample_u, (B,), "B")
+        self.sampling_args(op, temperature, top_k, top_p)
+
+    @staticmethod
+    def sampling_args(op: str, temperature: float, top_k: int, top_p: float) -> None:
+        """The scalar arguments of ``verify_sample``: Python numbers only (no bool, no rounding)."""
         if not _is_real(temperature) or not 0.0 <= float(temperature) < float("inf"):
             raise ValueError(f"{op}: temperature must be a finite float >= 0, got {temperature!r}")
         if not _is_int(top_k) or top_k < 0:

@@ -29,7 +29,16 @@ import torch
 from torch import Tensor
 
 from ._checks import FLOAT_DTYPES, check_tensor
-from ._generate_common import GenerateOutput, cache_length, check_generate_args, check_sampling, prompt_rows
+from ._generate_common import (
+    GenerateOutput,
+    cache_length,
+    cache_room_error,
+    check_context,
+    check_generate_args,
+    check_sampling,
+    prompt_rows,
+)
+from ._shape_checks import common_batch
 from .models import PagedKV
 from .profiling import StageTimer
 from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
@@ -132,35 +141,47 @@ class DecodeState:
     eos_id: int | None = None
 
     def check(self, target, beam_width: int, beam_length: int) -> None:
-        """Metadata checks only (no tensor values are read)."""
+        """Metadata checks of every field (no tensor values are read), before anything is written."""
         op = "decode_step"
-        if beam_width < 1 or beam_length < 1:
-            raise ValueError(f"{op}: beam_width and beam_length must be >= 1, got {beam_width}, {beam_length}")
+        if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1 \
+                or isinstance(beam_length, bool) or not isinstance(beam_length, int) or beam_length < 1:
+            raise ValueError(f"{op}: beam_width and beam_length must be ints >= 1, got {beam_width!r}, {beam_length!r}")
         if isinstance(self.kv, PagedKV):
             pages = check_tensor(op, "state.kv.pages", self.kv.pages, "n_layers, num_blocks, 2, H_kv, block_size, D",
                                  FLOAT_DTYPES)
             dev = pages.device
             check_tensor(op, "state.kv.block_table", self.kv.block_table, "B, max_blocks", (torch.int32,), dev)
-            B, S = self.kv.batch, self.kv.length
+            kv_batch, S = self.kv.batch, self.kv.length
         else:
-            check_tensor(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D")
+            check_tensor(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
             dev = self.kv.device
-            B, S = self.kv.shape[2], self.kv.shape[4]
-        check_tensor(op, "state.cache_len", self.cache_len, "B", (torch.int32,), dev)
-        check_tensor(op, "state.hidden", self.hidden, "B, H", None, dev)
-        check_tensor(op, "state.token", self.token, "B", (torch.int32,), dev)
+            if self.kv.shape[1] != 2:
+                raise ValueError(f"{op}: state.kv dim 1 must be 2 (K and V), got shape {tuple(self.kv.shape)}")
+            kv_batch, S = self.kv.shape[2], self.kv.shape[4]
+        check_tensor(op, "state.hidden", self.hidden, "B, H", FLOAT_DTYPES, dev)
         check_tensor(op, "state.out", self.out, "B, T", (torch.int32,), dev)
+        for name in ("cache_len", "token", "num_out", "steps", "nodes"):
+            check_tensor(op, f"state.{name}", getattr(self, name), "B", (torch.int32,), dev)
+        check_tensor(op, "state.done", self.done, "B", (torch.bool,), dev)
+        batches = {"state.kv": kv_batch, "state.hidden": self.hidden.shape[0], "state.out": self.out.shape[0]}
         for name in ("cache_len", "token", "num_out", "done", "steps", "nodes"):
-            t = getattr(self, name)
-            if tuple(t.shape) != (B,):
-                raise ValueError(f"{op}: state.{name} must have shape (B,) = ({B},), got {tuple(t.shape)}")
-        if self.hidden.shape != (B, target.hidden_size):
-            raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size})")
+            batches[f"state.{name}"] = getattr(self, name).shape[0]
+        B = common_batch(op, batches)
+        if self.hidden.shape[1] != target.hidden_size:
+            raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size}), "
+                             f"got {tuple(self.hidden.shape)}")
+        m = self.max_new_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"{op}: state.max_new_tokens must be an int >= 0, got {m!r}")
+        e = self.eos_id
+        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < target.vocab_size):
+            raise ValueError(f"{op}: state.eos_id must be None or an int in [0, {target.vocab_size}), got {e!r}")
         N = num_nodes_max(beam_width, beam_length)
         if N > S:
             raise ValueError(f"{op}: the trie needs N = 1 + W*(L-1) = {N} cache slots but the cache has S = {S}")
-        if self.out.shape[1] < self.max_new_tokens + beam_length:
-            raise ValueError(f"{op}: state.out needs max_new_tokens + L = {self.max_new_tokens + beam_length} columns")
+        if self.out.shape[1] < m + beam_length:
+            raise ValueError(f"{op}: state.out needs max_new_tokens + L = {m + beam_length} columns, "
+                             f"got {self.out.shape[1]}")
 
 
 @torch.no_grad()
@@ -175,27 +196,42 @@ def decode_step(
     timer: StageTimer | None = None,
     sampling: SamplingParams | None = None,
     uniforms: tuple[Tensor, Tensor] | None = None,
+    check_room: bool = True,
 ) -> Tensor:
     """One ReDrafter step for every row, in place on ``state``. Never synchronises with the host.
+
+    Cache room: the fixed-shape tree forward writes ``N = 1 + W*(L-1)`` K/V slots from
+    ``cache_len[b]`` in every row, finished rows included, so each row needs
+    ``0 <= cache_len[b] <= S - N`` before the step (``S`` the cache length; ``PagedKV.length`` on
+    a paged cache, whose blocks of those slots must belong to the row). A row past that would
+    attend to a truncated tree and commit a wrong token, or index out of bounds, so it is checked
+    on the device (``torch._assert_async``, no host synchronisation): on the CPU the step raises
+    ``ValueError`` naming the row and the room it needs, before anything is written; on a GPU a
+    device-side assert fails the stream. ``generate`` proves the room on the host before its first
+    step (prompt lengths, ``max_new_tokens`` and ``N`` bound every ``cache_len``) and skips it.
 
     Args:
         target: implements the target protocol (``redrafter_ext.models``).
         drafter: has ``beam_search(hidden, token, embed_weight, W, L, ops) -> (B, W, L)``.
-        state: the decode state (see ``DecodeState``); the caller guarantees cache room for
-            ``cache_len + N`` slots in active rows (``generate`` checks this once up front); with
-            a ``PagedKV``, the blocks of those slots are allocated to the row in its block table.
+        state: the decode state (see ``DecodeState``); every row needs room for ``cache_len + N``
+            slots (above); with a ``PagedKV``, the blocks of those slots are allocated to the row
+            in its block table.
         ops: ``redrafter_ext.ops`` (native, the default) or ``redrafter_ext.reference``.
         timer: optional ``StageTimer`` (adds synchronisation on GPUs; for profiling only).
         sampling: None or a greedy ``SamplingParams`` for greedy acceptance (``verify_greedy``);
             otherwise exact sampling (``verify_sample``) with uniforms from ``sampling.generator``.
         uniforms: optional ``(accept_u (B, L-1, W), sample_u (B,))`` float32 to use instead of
             drawing them (tests, replay); requires a non-greedy ``sampling``.
+        check_room: assert the cache room on the device (above); pass False only when the caller
+            has proved it on the host, as ``generate`` does.
 
     Returns:
         ``(B,)`` int32 tokens committed by this step per row (0 for finished rows).
     """
     ops = ops or default_ops()
     state.check(target, beam_width, beam_length)
+    if check_room:
+        _assert_cache_room(state, num_nodes_max(beam_width, beam_length))
     if isinstance(state.kv, PagedKV) and getattr(ops, "kv_compact_paged", None) is None:
         raise ValueError(f"decode_step: ops {getattr(ops, '__name__', ops)!r} has no kv_compact_paged (paged cache)")
     if timer is not None:
@@ -229,6 +265,19 @@ def decode_step(
             )
     with section("commit"):
         return _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section)
+
+
+def _assert_cache_room(state: DecodeState, N: int) -> None:
+    """``0 <= cache_len <= S - N`` in every row, asserted on the device (no host synchronisation)."""
+    S = state.kv.length if isinstance(state.kv, PagedKV) else state.kv.shape[4]
+    ok = ((state.cache_len >= 0) & (state.cache_len <= S - N)).all()
+    try:
+        torch._assert_async(ok, f"decode_step: cache overflow: every row needs 0 <= cache_len <= S - N = {S} - {N}")
+    except RuntimeError:
+        # only the CPU raises here, at once: its values are host memory, so naming the row costs no sync
+        c = state.cache_len.tolist()  # sync-ok: CPU tensor, error path only
+        b = next(i for i, x in enumerate(c) if not 0 <= x <= S - N)
+        raise ValueError(cache_room_error("decode_step", b, c[b], N, S)) from None
 
 
 def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section) -> Tensor:
@@ -273,13 +322,15 @@ def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden,
     return n_commit
 
 
-def _prepare_prompts(target, prompts: Sequence[Sequence[int]] | Tensor, device) -> tuple[Tensor, Tensor]:
+def _prepare_prompts(target, prompts: Sequence[Sequence[int]] | Tensor, device,
+                     max_new_tokens: int = 0) -> tuple[Tensor, Tensor]:
     """Right-pad prompts into ``(B, T)`` int64 + ``lengths (B,)`` after validating them on the host."""
     if isinstance(prompts, Tensor):
         if prompts.dim() != 2:
             raise ValueError(f"generate: prompts must be a (B, T) tensor or a list of lists, got shape {tuple(prompts.shape)}")
         prompts = prompts.tolist()  # sync-ok: host-side validation before decoding starts
     rows = prompt_rows(prompts, target.vocab_size)
+    check_context(rows, max_new_tokens, target)
     T = max(map(len, rows))
     tokens = torch.zeros(len(rows), T, dtype=torch.int64)
     for b, p in enumerate(rows):
@@ -295,7 +346,7 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
     token sampled when ``sampling``)."""
     check_generate_args(max_new_tokens, eos_id, target.vocab_size)
     dev = target.embed_weight.device
-    tokens, lengths = _prepare_prompts(target, prompts, dev)
+    tokens, lengths = _prepare_prompts(target, prompts, dev, max_new_tokens)
     B, T = tokens.shape
     if paged_kv is not None:
         if not isinstance(paged_kv, PagedKV):
@@ -378,8 +429,9 @@ def generate(
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, paged_kv)
     for step in range(max_new_tokens):
+        # check_room=False: _start proved S >= prompt + max_new_tokens + N, which bounds every cache_len
         decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops, timer=timer,
-                    sampling=sampling)
+                    sampling=sampling, check_room=False)
         if (step + 1) % check_every == 0 and bool(state.done.all()):  # sync-ok: once every k steps
             break
     return _finish(state)

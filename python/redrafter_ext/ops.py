@@ -19,6 +19,7 @@ from ._checks import (
     check_beam_topk,
     check_build_trie,
     check_kv_compact,
+    check_sampling_args,
     check_tree_mask,
     check_verify_greedy,
     check_verify_sample,
@@ -302,6 +303,8 @@ def verify_sample(
     >>> a.tolist(), w.tolist(), path.tolist()   # 1 rejected, 3 accepted, then 0 (p = 1/4) accepted
     ([2], [1], [[0, 3, 4]])
     """
+    # the schema would round top_k=2.5 to 2 and take True as 1: the reference's rule, before the cast
+    check_sampling_args("verify_sample", temperature, top_k, top_p)
     return torch.ops.redrafter.verify_sample(
         logits, beams, beam_node, accept_u, sample_u, float(temperature), int(top_k), float(top_p)
     )

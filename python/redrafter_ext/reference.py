@@ -28,7 +28,7 @@ from ._checks import (
     check_verify_greedy,
     check_verify_sample,
 )
-from ._shape_checks import num_nodes_max
+from ._shape_checks import nodes_ok, num_nodes_max, parents_ok, token_ids_ok
 
 __all__ = [
     "beam_topk",
@@ -64,6 +64,8 @@ def beam_topk(
         sorted by score descending, ties to the lower flat index ``w * V + v``.
     """
     check_beam_topk(logits, scores, tokens, state, step)
+    torch._assert_async(token_ids_ok(tokens[:, :, :step]).all(),
+                        "beam_topk: tokens must hold token ids in [0, 2^31) at positions < step")
     B, W, V = logits.shape
     # log_softmax written out: torch.log_softmax's fused CPU kernel accumulates the row sum in float
     # lanes (error ~2e-5 at V=128256), enough to reorder candidates of different beams that are
@@ -100,6 +102,9 @@ def build_trie(beams: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         depth 0; the root has parent -1), ``beam_node`` ``(B, W, L)`` i32, ``num_nodes`` ``(B,)`` i32.
     """
     check_build_trie(beams)
+    # negative ids are rejected as by the native ops; int64 ids >= 2^31 are compared at full width,
+    # as the CUDA kernel does (the CPU launcher rejects them: it reads every value on the host anyway)
+    torch._assert_async((beams >= 0).all(), "build_trie: beams must hold token ids >= 0")
     B, W, L = beams.shape
     N = num_nodes_max(W, L)
     dev = beams.device
@@ -122,13 +127,14 @@ def build_trie(beams: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     depth = torch.arange(1, L, device=dev, dtype=torch.int32).expand(B, W, L - 1)
 
     # scatter new positions to their node slot; the rest go to a spill slot N that is dropped
-    slot = torch.where(is_new, pos_node, N).reshape(B, -1).to(torch.int64)
+    P = W * (L - 1)  # explicit: reshape(B, -1) is ambiguous when B = 0
+    slot = torch.where(is_new, pos_node, N).reshape(B, P).to(torch.int64)
     node_token = torch.zeros(B, N + 1, dtype=torch.int32, device=dev)
     node_parent = torch.full((B, N + 1), -1, dtype=torch.int32, device=dev)
     node_depth = torch.zeros(B, N + 1, dtype=torch.int32, device=dev)
-    node_token.scatter_(1, slot, draft.reshape(B, -1))
-    node_parent.scatter_(1, slot, parent_node.reshape(B, -1))
-    node_depth.scatter_(1, slot, depth.reshape(B, -1))
+    node_token.scatter_(1, slot, draft.reshape(B, P))
+    node_parent.scatter_(1, slot, parent_node.reshape(B, P))
+    node_depth.scatter_(1, slot, depth.reshape(B, P))
     node_token[:, 0] = beams[:, 0, 0]
     node_parent[:, 0] = -1
     node_depth[:, 0] = 0
@@ -156,6 +162,11 @@ def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> T
     dev = node_parent.device
     node = torch.arange(N, device=dev)
     valid = node[None, :] < num_nodes.to(torch.int64)[:, None]  # [B, N]
+    torch._assert_async(((num_nodes >= 0) & (num_nodes <= N)).all(), f"tree_mask: num_nodes must be in [0, N={N}]")
+    torch._assert_async(
+        (~valid | parents_ok(node_parent, node[None, :])).all(),
+        "tree_mask: node_parent[b, i] must be -1 or a lower node index (parents precede children) for i < num_nodes[b]",
+    )
     # padding nodes hang from nobody, so they can neither see nor be seen by the tree
     jump = torch.where(valid, node_parent.to(torch.int64), -1)
     mask = torch.eye(N, dtype=torch.bool, device=dev).expand(B, N, N).clone()
@@ -178,6 +189,13 @@ def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> T
     return packed_words.to(torch.int32)
 
 
+def _assert_beam_values(op: str, logits: Tensor, beams: Tensor, beam_node: Tensor) -> None:
+    """The native ops' value rules for beams and beam_node, checked before any gather uses them."""
+    torch._assert_async(token_ids_ok(beams).all(), f"{op}: beams must hold token ids in [0, 2^31)")
+    n = logits.shape[1]
+    torch._assert_async(nodes_ok(beam_node, n).all(), f"{op}: beam_node must be in [0, {n}) (the nodes of logits, dim 1)")
+
+
 def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Greedy acceptance: the longest beam whose draft tokens equal the target's argmax.
 
@@ -192,6 +210,7 @@ def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Ten
         ``next_token (B,)`` the target's argmax at the last accepted node. All int32.
     """
     check_verify_greedy(logits, beams, beam_node)
+    _assert_beam_values("verify_greedy", logits, beams, beam_node)
     B, W, L = beams.shape
     target = logits.argmax(dim=-1).to(torch.int32)  # [B, N]; first maximum on ties
     bn = beam_node.to(torch.int64)
@@ -317,14 +336,16 @@ def verify_sample(
         ``next_token (B,)`` (the token sampled at the stop node). All int32.
     """
     check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
-    if float(temperature) == 0.0:
-        return verify_greedy(logits, beams, beam_node)
-    B, W, L = beams.shape
-    dev = logits.device
+    # the uniforms are checked even when greedy ignores them, as the native op does
     torch._assert_async(
         ((accept_u >= 0) & (accept_u < 1)).all() & ((sample_u >= 0) & (sample_u < 1)).all(),
         "verify_sample: accept_u and sample_u must be in [0, 1)",
     )
+    if float(temperature) == 0.0:
+        return verify_greedy(logits, beams, beam_node)
+    _assert_beam_values("verify_sample", logits, beams, beam_node)
+    B, W, L = beams.shape
+    dev = logits.device
     p = sampling_probs(logits, float(temperature), int(top_k), float(top_p))  # [B, N', V] float64
     V = p.shape[-1]
     torch._assert_async(

@@ -27,8 +27,17 @@ from types import ModuleType
 
 import mlx.core as mx
 
-from .._generate_common import GenerateOutput, cache_length, check_generate_args, check_sampling, prompt_rows
+from .._generate_common import (
+    GenerateOutput,
+    cache_length,
+    check_context,
+    check_generate_args,
+    check_sampling,
+    prompt_rows,
+)
+from .._shape_checks import common_batch
 from . import reference
+from ._checks import FLOAT_DTYPES, check_array
 from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
 
 __all__ = [
@@ -112,6 +121,8 @@ class DecodeState:
     steps      (B,) int32   decode steps taken while the row was active
     nodes      (B,) int32   trie nodes verified while the row was active
     key        mx.random key for the sampling uniforms (None when greedy)
+    overflow   (B,) bool    the row lacked cache room for a step and was stopped (None: never checked);
+               see ``decode_step`` and ``check_overflow``
     """
 
     kv: mx.array
@@ -126,32 +137,61 @@ class DecodeState:
     max_new_tokens: int
     eos_id: int | None = None
     key: mx.array | None = None
+    overflow: mx.array | None = None
+
+    def check_overflow(self) -> None:
+        """Raise ``ValueError`` naming the first row ``decode_step`` stopped for lack of cache room.
+
+        Reads ``overflow`` and ``cache_len`` on the host: call it where the engine reads values
+        anyway (as ``generate`` reads ``done``), not after every step.
+        """
+        if self.overflow is None or not bool(mx.any(self.overflow).item()):  # sync-ok: caller's host read point
+            return
+        b = self.overflow.tolist().index(True)  # sync-ok: error path
+        c = self.cache_len.tolist()[b]  # sync-ok: error path
+        S = self.kv.shape[4]
+        raise ValueError(f"decode_step: cache overflow in row {b}: cache_len = {c} leaves room for {max(S - c, 0)} of "
+                         f"the S = {S} cache slots, fewer than the N = 1 + W*(L-1) tree slots a step writes; the "
+                         "row was stopped without committing (every row, finished or not, needs cache_len + N <= S)")
 
     def arrays(self) -> list[mx.array]:
         """Every array of the state (for ``mx.eval``/``mx.async_eval``)."""
         return [v for f in fields(self) if isinstance(v := getattr(self, f.name), mx.array)]
 
     def check(self, target, beam_width: int, beam_length: int) -> None:
-        """Metadata checks only (no values are read)."""
+        """Metadata checks of every field (no values are read)."""
         op = "decode_step"
-        if beam_width < 1 or beam_length < 1:
-            raise ValueError(f"{op}: beam_width and beam_length must be >= 1, got {beam_width}, {beam_length}")
-        if self.kv.ndim != 6 or self.kv.shape[1] != 2:
+        if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1 \
+                or isinstance(beam_length, bool) or not isinstance(beam_length, int) or beam_length < 1:
+            raise ValueError(f"{op}: beam_width and beam_length must be ints >= 1, got {beam_width!r}, {beam_length!r}")
+        check_array(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
+        if self.kv.shape[1] != 2:
             raise ValueError(f"{op}: state.kv must have shape (n_layers, 2, B, H_kv, S, D), got {tuple(self.kv.shape)}")
-        B, S = self.kv.shape[2], self.kv.shape[4]
+        S = self.kv.shape[4]
+        check_array(op, "state.hidden", self.hidden, "B, H", FLOAT_DTYPES)
+        check_array(op, "state.out", self.out, "B, T", (mx.int32,))
         for name in ("cache_len", "token", "num_out", "steps", "nodes"):
-            a = getattr(self, name)
-            if tuple(a.shape) != (B,) or a.dtype != mx.int32:
-                raise ValueError(f"{op}: state.{name} must be int32 of shape (B,) = ({B},), got {a.dtype} {tuple(a.shape)}")
-        if tuple(self.done.shape) != (B,) or self.done.dtype != mx.bool_:
-            raise ValueError(f"{op}: state.done must be bool of shape ({B},)")
-        if tuple(self.hidden.shape) != (B, target.hidden_size):
-            raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size})")
+            check_array(op, f"state.{name}", getattr(self, name), "B", (mx.int32,))
+        check_array(op, "state.done", self.done, "B", (mx.bool_,))
+        batches = {"state.kv": self.kv.shape[2], "state.hidden": self.hidden.shape[0], "state.out": self.out.shape[0]}
+        for name in ("cache_len", "token", "num_out", "done", "steps", "nodes"):
+            batches[f"state.{name}"] = getattr(self, name).shape[0]
+        B = common_batch(op, batches)
+        if self.hidden.shape[1] != target.hidden_size:
+            raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size}), "
+                             f"got {tuple(self.hidden.shape)}")
+        m = self.max_new_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"{op}: state.max_new_tokens must be an int >= 0, got {m!r}")
+        e = self.eos_id
+        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < target.vocab_size):
+            raise ValueError(f"{op}: state.eos_id must be None or an int in [0, {target.vocab_size}), got {e!r}")
         N = num_nodes_max(beam_width, beam_length)
         if N > S:
             raise ValueError(f"{op}: the trie needs N = 1 + W*(L-1) = {N} cache slots but the cache has S = {S}")
-        if self.out.ndim != 2 or self.out.shape[0] != B or self.out.shape[1] < self.max_new_tokens + beam_length:
-            raise ValueError(f"{op}: state.out needs shape (B, >= max_new_tokens + L = {self.max_new_tokens + beam_length})")
+        if self.out.shape[1] < m + beam_length:
+            raise ValueError(f"{op}: state.out needs max_new_tokens + L = {m + beam_length} columns, "
+                             f"got {self.out.shape[1]}")
 
 
 def decode_step(
@@ -164,18 +204,30 @@ def decode_step(
     ops: ModuleType | None = None,
     sampling: SamplingParams | None = None,
     uniforms: tuple[mx.array, mx.array] | None = None,
+    check_room: bool = True,
 ) -> tuple[DecodeState, mx.array]:
     """One ReDrafter step for every row. Lazy: builds the graph and never reads a value on the host.
+
+    Cache room: the fixed-shape tree forward writes ``N = 1 + W*(L-1)`` K/V slots from
+    ``cache_len[b]`` in every row, finished rows included, so each row needs
+    ``0 <= cache_len[b] <= S - N`` before the step. MLX has no asynchronous assert and a lazy
+    graph cannot raise, so a row without room is stopped instead, in the graph: it commits nothing
+    (tokens, K/V, ``cache_len``), is marked ``done`` and flagged in ``state.overflow``; the writes
+    of its tree are clamped into its own cache (``LlamaTarget``), never another row's. Read the
+    flags where the loop reads ``done`` anyway: ``new_state.check_overflow()`` raises naming the
+    row. ``generate`` proves the room on the host before its first step and skips this.
 
     Args:
         target: implements the MLX target protocol (``redrafter_ext.mlx.models``).
         drafter: has ``beam_search(hidden, token, embed_weight, W, L, ops) -> (B, W, L)``.
-        state: the decode state; the caller guarantees cache room for ``cache_len + N`` slots.
+        state: the decode state; every row needs room for ``cache_len + N`` slots (above).
         ops: a module with the six ops (default: ``default_ops()``).
         sampling: None or greedy for ``verify_greedy``; otherwise exact sampling (``verify_sample``)
             with uniforms drawn from ``state.key``.
         uniforms: optional ``(accept_u (B, L-1, W), sample_u (B,))`` float32 to use instead of
             drawing them (tests, replay); requires a non-greedy ``sampling``.
+        check_room: stop and flag rows without room (above); pass False only when the caller has
+            proved the room on the host, as ``generate`` does.
 
     Returns:
         ``(new_state, n_commit)``: ``n_commit (B,)`` int32 tokens committed per row (0 when finished).
@@ -209,7 +261,12 @@ def decode_step(
             logits, beams, beam_node, uniforms[0], uniforms[1],
             float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
         )
-    return _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops)
+    no_room = None
+    if check_room:
+        S = state.kv.shape[4]
+        no_room = (state.cache_len < 0) | (state.cache_len > S - num_nodes_max(W, L))
+    return _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops,
+                   no_room)
 
 
 def _gather_rows(a: mx.array, idx: mx.array) -> mx.array:
@@ -218,8 +275,14 @@ def _gather_rows(a: mx.array, idx: mx.array) -> mx.array:
     return mx.take_along_axis(a, mx.broadcast_to(idx, (a.shape[0], 1) + tuple(a.shape[2:])), axis=1)[:, 0]
 
 
-def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops):
-    """Steps 6-7: compact the KV cache, write the committed tokens; returns (new state, n_commit)."""
+def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops,
+            no_room=None):
+    """Steps 6-7: compact the KV cache, write the committed tokens; returns (new state, n_commit).
+    Rows in ``no_room`` (B,) bool commit nothing and are marked done and flagged in ``overflow``."""
+    overflow = state.overflow
+    if no_room is not None:
+        overflow = no_room if overflow is None else overflow | no_room
+        state = replace(state, done=state.done | no_room)
     B, _, L = beams.shape
     i = mx.arange(L, dtype=mx.int32)
     path_tokens = _gather_rows(beams, best_beam).astype(mx.int32)  # [B, L]
@@ -262,17 +325,19 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
         steps=state.steps + active.astype(mx.int32),
         nodes=state.nodes + mx.where(active, num_nodes, 0).astype(mx.int32),
         key=key,
+        overflow=overflow,
     )
     return new, n_commit
 
 
-def _prepare_prompts(target, prompts) -> tuple[mx.array, mx.array]:
+def _prepare_prompts(target, prompts, max_new_tokens: int = 0) -> tuple[mx.array, mx.array]:
     """Right-pad prompts into ``(B, T)`` int32 + ``lengths (B,)`` after validating them on the host."""
     if isinstance(prompts, mx.array):
         if prompts.ndim != 2:
             raise ValueError(f"generate: prompts must be a (B, T) array or a list of lists, got shape {prompts.shape}")
         prompts = prompts.tolist()  # sync-ok: host-side validation before decoding starts
     rows = prompt_rows(prompts, target.vocab_size)
+    check_context(rows, max_new_tokens, target)
     T = max(map(len, rows))
     tokens = mx.array([p + [0] * (T - len(p)) for p in rows], dtype=mx.int32)
     lengths = mx.array([len(p) for p in rows], dtype=mx.int32)
@@ -288,7 +353,7 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
            sampling: SamplingParams | None, seed: int) -> DecodeState:
     """Validate, allocate the cache and prefill (the first token sampled when ``sampling``)."""
     check_generate_args(max_new_tokens, eos_id, target.vocab_size)
-    tokens, lengths = _prepare_prompts(target, prompts)
+    tokens, lengths = _prepare_prompts(target, prompts, max_new_tokens)
     B, T = tokens.shape
     S = cache_length(T, max_new_tokens, slack, max_len)
     kv = target.new_kv_cache(B, S)
@@ -368,8 +433,9 @@ def generate(
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
     ops = ops or default_ops()
     for step in range(max_new_tokens):
+        # check_room=False: _start proved S >= prompt + max_new_tokens + N, which bounds every cache_len
         state, _ = decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops,
-                               sampling=sampling)
+                               sampling=sampling, check_room=False)
         mx.async_eval(state.arrays())  # schedules the step; the host runs ahead to build the next
         if (step + 1) % check_every == 0 and _all_done(state):
             break

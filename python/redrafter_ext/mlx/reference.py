@@ -25,7 +25,7 @@ import math
 
 import mlx.core as mx
 
-from .._shape_checks import num_nodes_max
+from .._shape_checks import num_nodes_max, parents_ok
 from . import _checks
 
 __all__ = [
@@ -124,11 +124,12 @@ def build_trie(beams: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array,
     depth = mx.broadcast_to(mx.arange(1, L, dtype=mx.int32), (B, W, L - 1))
 
     # scatter the new positions to their node slot; the rest go to a spill slot N that is dropped
-    slot = mx.where(is_new, pos_node, N).reshape(B, -1)
+    P = W * (L - 1)  # explicit: reshape(B, -1) is ambiguous when B = 0
+    slot = mx.where(is_new, pos_node, N).reshape(B, P)
     ones = mx.ones((B, N + 1), dtype=mx.int32)
-    node_token = mx.put_along_axis(ones * 0, slot, draft.reshape(B, -1), axis=1)[:, :N]
-    node_parent = mx.put_along_axis(-ones, slot, parent_node.reshape(B, -1), axis=1)[:, :N]
-    node_depth = mx.put_along_axis(ones * 0, slot, depth.reshape(B, -1), axis=1)[:, :N]
+    node_token = mx.put_along_axis(ones * 0, slot, draft.reshape(B, P), axis=1)[:, :N]
+    node_parent = mx.put_along_axis(-ones, slot, parent_node.reshape(B, P), axis=1)[:, :N]
+    node_depth = mx.put_along_axis(ones * 0, slot, depth.reshape(B, P), axis=1)[:, :N]
     first = mx.arange(N)[None, :] == 0
     node_token = mx.where(first, root[:, None], node_token)
     node_parent = mx.where(first, -1, node_parent)
@@ -141,7 +142,8 @@ def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False) 
     """Ancestor-or-self mask of the trie.
 
     Args:
-        node_parent: ``(B, N)`` int, parent of each node (-1 for the root and padding), parent < child.
+        node_parent: ``(B, N)`` int, parent of each node (-1 for the root and padding), parent < child;
+            any other parent (a self-parent, a cycle) makes the node a root, as in the native op.
         num_nodes: ``(B,)`` int, valid nodes per row; rows ``>= num_nodes`` see only themselves.
         packed: return int32 bit words instead of bools.
 
@@ -153,9 +155,11 @@ def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False) 
     B, N = node_parent.shape
     node = mx.arange(N, dtype=mx.int32)
     valid = node[None, :] < num_nodes.astype(mx.int32)[:, None]
-    # padding nodes hang from nobody, so they can neither see nor be seen by the tree; parents are
-    # clamped below N so a bad parent cannot index out of bounds
-    jump = mx.where(valid, mx.minimum(node_parent.astype(mx.int32), N - 1), -1)
+    # padding nodes hang from nobody, so they can neither see nor be seen by the tree; a parent that
+    # is not -1 or a lower node (a self-parent, a cycle, out of range) makes the node a root, as in
+    # the native kernel
+    parent = node_parent.astype(mx.int32)
+    jump = mx.where(valid & parents_ok(parent, node[None, :]), parent, -1)
     mask = mx.broadcast_to(node[:, None] == node[None, :], (B, N, N))
     # pointer doubling: after k rounds mask[i] holds the ancestors at distance < 2^k and jump[i]
     # is the ancestor at distance 2^k (-1 past the root)
