@@ -238,3 +238,31 @@ def test_generate_sampling_cuda():
     # the reference on the same uniforms takes the same decisions (up to ~1e-15-close calls)
     r = decode.generate(target, drafter, prompts, 24, ops=ref, **opts)
     assert a.tokens == r.tokens
+
+
+def test_decode_step_cache_overflow_asserts_on_device():
+    # a row without room for the trie fails the stream with a device-side assert (no host sync);
+    # the CUDA context is unusable afterwards, so this runs in its own process
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import torch
+from helpers import random_drafter, random_target
+from redrafter_ext import decode, ops
+from redrafter_ext import reference as ref
+target = random_target(vocab=97, hidden=64, layers=2).cuda()
+drafter = random_drafter(target).cuda()
+N = ref.num_nodes_max(4, 4)
+state = decode._start(target, [[1, 2, 3], [4, 5]], 8, N, None, None)
+S = state.kv.shape[4]
+state.cache_len[1] = S - N + 1
+decode.decode_step(target, drafter, state, beam_width=4, beam_length=4, ops=ops)
+torch.cuda.synchronize()
+print("NO ERROR")
+"""
+    tests = Path(__file__).resolve().parent
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tests, timeout=300)
+    assert r.returncode != 0 and "NO ERROR" not in r.stdout, r.stdout + r.stderr
+    assert "assert" in r.stderr.lower(), r.stderr[-2000:]
