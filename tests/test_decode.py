@@ -332,3 +332,47 @@ def test_generate_stops_at_max_position_embeddings():
         rx.autoregressive_generate(target, [[1, 2, 3, 4, 5]], P - 4)
     # exactly the context: prompt + max_new_tokens = P
     assert len(rx.generate(target, d, [[1, 2, 3, 4, 5]], P - 5, beam_width=2, beam_length=3).tokens[0]) == P - 5
+
+
+# ------------------------------------------------------------------------------------------------
+# the host reads of generate: no step after the last row finished (without EOS), few reads
+
+
+def test_steps_until_check():
+    from redrafter_ext._generate_common import steps_until_check
+
+    assert steps_until_check(4, 13, 4, eos=False) == 4  # ceil(13 / 4): no row can finish sooner
+    assert steps_until_check(4, 48, 4, eos=False) == 12  # no EOS: nothing to find before then
+    assert steps_until_check(4, 48, 4, eos=True) == 4  # EOS may stop a row at any step
+    assert steps_until_check(4, 1, 8, eos=True) == 1
+    assert steps_until_check(4, 0, 8, eos=False) == 1
+
+
+@pytest.mark.parametrize("W,L", [(1, 1), (2, 3), (4, 4), (1, 8)])
+def test_generate_runs_no_step_after_the_last_row_finished(target, ar3, W, L):
+    drafter = random_drafter(target, seed=W * 10 + L)
+    for max_new in (13, 48):
+        out = rx.generate(target, drafter, PROMPTS_3, max_new, beam_width=W, beam_length=L)
+        assert out.tokens == [t[:max_new] for t in ar3.tokens]
+        assert out.calls == max(out.steps), (max_new, out.calls, out.steps)
+    ar = rx.autoregressive_generate(target, PROMPTS_3, 13)
+    assert ar.calls == 13 == max(ar.steps)
+
+
+def test_generate_with_eos_wastes_fewer_than_check_every_steps(target, ar3):
+    eos = ar3.tokens[1][5]
+    drafter = random_drafter(target, seed=3)
+    want = rx.autoregressive_generate(target, PROMPTS_3, 48, eos_id=eos)
+    for check_every in (1, 3, 4):
+        out = rx.generate(target, drafter, PROMPTS_3, 48, beam_width=2, beam_length=3, eos_id=eos,
+                          check_every=check_every)
+        assert out.tokens == want.tokens
+        assert 0 <= out.calls - max(out.steps) < check_every, (check_every, out.calls, out.steps)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_generate_rejects_bad_check_every(target, bad):
+    with pytest.raises(ValueError, match="check_every"):
+        rx.generate(target, random_drafter(target), PROMPTS_3, 4, check_every=bad)
+    with pytest.raises(ValueError, match="check_every"):
+        rx.autoregressive_generate(target, PROMPTS_3, 4, check_every=bad)

@@ -131,6 +131,13 @@ def test_eos_and_mixed_prompt_lengths(tiny):
         want = rx.generate(target, drafter, prompts, n, beam_width=W, beam_length=L, eos_id=eos, ops=rx.reference)
         assert got.tokens == want.tokens, (W, L)
     assert rxm.generate(mt, md, prompts, 0).tokens == [[], [], []]
+    # without EOS no step runs after the last row finished; with it, fewer than check_every
+    for W, L in [(2, 3), (1, 1)]:
+        got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L)
+        assert got.calls == max(got.steps), (W, L, got.calls, got.steps)
+        got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L, eos_id=eos, check_every=3)
+        assert 0 <= got.calls - max(got.steps) < 3, (W, L, got.calls, got.steps)
+    assert rxm.autoregressive_generate(mt, prompts, n).calls == n
 
 
 # ------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,15 +130,53 @@ def cache_room_error(op: str, row: int, cache_len: int, N: int, S: int) -> str:
     )
 
 
+def check_every_arg(check_every: int) -> int:
+    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
+        raise ValueError(f"generate: check_every must be an int >= 1, got {check_every!r}")
+    return check_every
+
+
+def steps_until_check(check_every: int, min_remaining: int, per_step: int, eos: bool) -> int:
+    """Steps to run before the loop next reads the rows' progress on the host.
+
+    No row can reach ``max_new_tokens`` in fewer than ``ceil(min_remaining / per_step)`` steps
+    (``min_remaining``: the fewest tokens an active row still may write; a step commits at most
+    ``per_step`` = L tokens), so a read before then could only find rows stopped by EOS. Without an
+    EOS id the loop waits exactly that long: no step runs after the last row finished, and no read
+    is spent early. With one, a row may stop at any step: at most ``check_every`` steps.
+    """
+    n = max(1, -(-min_remaining // per_step))
+    return min(n, check_every) if eos else n
+
+
+def run_until_done(step: Callable[[], None], progress: Callable[[], tuple[bool, int]], max_new_tokens: int,
+                   per_step: int, check_every: int, eos: bool) -> int:
+    """The decode loop of ``generate``: calls ``step()`` until ``progress()`` (one host read:
+    every row done, fewest tokens an active row may still write) says every row is done, reading
+    only when ``steps_until_check`` says a row can have finished. Returns the number of steps."""
+    calls, due = 0, steps_until_check(check_every, max_new_tokens, per_step, eos)
+    while calls < max_new_tokens:
+        step()
+        calls += 1
+        if calls == due:
+            done, remaining = progress()
+            if done:
+                break
+            due = calls + steps_until_check(check_every, remaining, per_step, eos)
+    return calls
+
+
 @dataclass
 class GenerateOutput:
     """tokens: generated ids per row (EOS included when hit); steps/nodes: per-row decode steps and
-    trie nodes verified; state: the final decode state (cache included) of the backend that ran."""
+    trie nodes verified; state: the final decode state (cache included) of the backend that ran;
+    calls: decode steps run for the whole batch (``calls - max(steps)`` ran with every row done)."""
 
     tokens: list[list[int]]
     steps: list[int]
     nodes: list[int]
     state: Any
+    calls: int = 0
 
     @property
     def tokens_per_step(self) -> float:

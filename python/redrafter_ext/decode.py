@@ -34,9 +34,11 @@ from ._generate_common import (
     cache_length,
     cache_room_error,
     check_context,
+    check_every_arg,
     check_generate_args,
     check_sampling,
     prompt_rows,
+    run_until_done,
 )
 from ._shape_checks import common_batch
 from .models import PagedKV
@@ -371,7 +373,7 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
     return state
 
 
-def _finish(state: DecodeState) -> GenerateOutput:
+def _finish(state: DecodeState, calls: int) -> GenerateOutput:
     out = state.out.cpu()  # sync-ok: the result leaves the device once, after the loop
     n = state.num_out.tolist()  # sync-ok
     return GenerateOutput(
@@ -379,7 +381,21 @@ def _finish(state: DecodeState) -> GenerateOutput:
         steps=state.steps.tolist(),  # sync-ok
         nodes=state.nodes.tolist(),  # sync-ok
         state=state,
+        calls=calls,
     )
+
+
+def _progress(state: DecodeState) -> tuple[bool, int]:
+    """(every row done, fewest tokens an active row may still write), in one host read."""
+    remaining = torch.where(state.done, state.max_new_tokens, state.max_new_tokens - state.num_out).amin()
+    done, rem = torch.stack([state.done.all().to(remaining.dtype), remaining]).tolist()  # sync-ok: generate's read
+    return bool(done), int(rem)
+
+
+def _run(step, state: DecodeState, per_step: int, check_every: int) -> GenerateOutput:
+    calls = run_until_done(step, lambda: _progress(state), state.max_new_tokens, per_step, check_every,
+                           state.eos_id is not None)
+    return _finish(state, calls)
 
 
 @torch.no_grad()
@@ -409,7 +425,9 @@ def generate(
         max_new_tokens: per-row limit on generated tokens (EOS included).
         beam_width, beam_length: W and L (L counts the guaranteed token; L = 1 is plain AR).
         eos_id: stop a row after it commits this token.
-        check_every: read the "all rows done" flag on the host once every this many steps.
+        check_every: with an ``eos_id``, read the rows' progress on the host at least once every this many
+            steps; reads are also placed where a row can first reach ``max_new_tokens``, so without
+            EOS no step runs after the last row finished.
         max_len: cache length S (default: just enough).
         timer: optional ``StageTimer`` collecting per-stage time.
         temperature, top_k, top_p: sampling (``SamplingParams``); temperature 0 (the default) is
@@ -425,16 +443,14 @@ def generate(
         sampling: distributed as ``autoregressive_generate``'s with the same options, and
         reproducible for a given seed.
     """
+    check_every_arg(check_every)
     N = num_nodes_max(beam_width, beam_length)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, paged_kv)
-    for step in range(max_new_tokens):
-        # check_room=False: _start proved S >= prompt + max_new_tokens + N, which bounds every cache_len
-        decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops, timer=timer,
-                    sampling=sampling, check_room=False)
-        if (step + 1) % check_every == 0 and bool(state.done.all()):  # sync-ok: once every k steps
-            break
-    return _finish(state)
+    # check_room=False: _start proved S >= prompt + max_new_tokens + N, which bounds every cache_len
+    return _run(lambda: decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops,
+                                    timer=timer, sampling=sampling, check_room=False),
+                state, beam_length, check_every)
 
 
 @torch.no_grad()
@@ -458,12 +474,14 @@ def autoregressive_generate(
     temperature, top-k and top-p (``reference.sampling_probs``), uniforms from one generator seeded
     with ``seed``: the baseline ``generate`` matches in distribution. ``paged_kv`` as in ``generate``.
     """
+    check_every_arg(check_every)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device) or SamplingParams(0.0)
     state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling, paged_kv)
     B = state.token.shape[0]
     ones = torch.ones(B, 1, 1, dtype=torch.bool, device=state.token.device)
     col = torch.arange(B, device=state.token.device)
-    for step in range(max_new_tokens):
+
+    def step() -> None:
         active = ~state.done
         tok = state.token.clone()  # state.token is overwritten below
         logits, hidden = target(tok[:, None], state.cache_len[:, None], ones, state.cache_len, state.kv)
@@ -480,6 +498,5 @@ def autoregressive_generate(
         if eos_id is not None:
             finished |= active & (tok == eos_id)
         state.done |= finished
-        if (step + 1) % check_every == 0 and bool(state.done.all()):  # sync-ok: once every k steps
-            break
-    return _finish(state)
+
+    return _run(step, state, 1, check_every)

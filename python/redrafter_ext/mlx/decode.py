@@ -12,7 +12,7 @@ One step, for B rows at once (W beams of L tokens, N = 1 + W*(L-1) trie nodes):
 The same algorithm as ``redrafter_ext.decode``, written functionally: MLX arrays are immutable, so
 ``decode_step`` returns a new ``DecodeState`` instead of updating one in place. Everything stays
 lazy: the step builds a graph and never reads a value on the host; ``generate`` schedules each step
-with ``mx.async_eval`` and reads the "all rows done" flag once every ``check_every`` steps.
+with ``mx.async_eval`` and reads the rows' progress only where a row can have finished.
 
 Sampling: the uniforms come from ``mx.random`` with an explicit key carried in the state (split
 once per step), so a seed reproduces the output exactly and no host RNG is involved.
@@ -31,9 +31,11 @@ from .._generate_common import (
     GenerateOutput,
     cache_length,
     check_context,
+    check_every_arg,
     check_generate_args,
     check_sampling,
     prompt_rows,
+    run_until_done,
 )
 from .._shape_checks import common_batch
 from . import reference
@@ -375,7 +377,7 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
     return state
 
 
-def _finish(state: DecodeState) -> GenerateOutput:
+def _finish(state: DecodeState, calls: int) -> GenerateOutput:
     mx.eval(state.arrays())
     out = state.out.tolist()  # sync-ok: the result leaves the device once, after the loop
     n = state.num_out.tolist()  # sync-ok
@@ -384,11 +386,16 @@ def _finish(state: DecodeState) -> GenerateOutput:
         steps=state.steps.tolist(),  # sync-ok
         nodes=state.nodes.tolist(),  # sync-ok
         state=state,
+        calls=calls,
     )
 
 
-def _all_done(state: DecodeState) -> bool:
-    return bool(mx.all(state.done).item())  # sync-ok: once every check_every steps
+def _progress(state: DecodeState) -> tuple[bool, int]:
+    """(every row done, fewest tokens an active row may still write), in one host read."""
+    m = state.max_new_tokens
+    remaining = mx.min(mx.where(state.done, m, m - state.num_out)).astype(mx.int32)
+    done, rem = mx.stack([mx.all(state.done).astype(mx.int32), remaining]).tolist()  # sync-ok: generate's read
+    return bool(done), int(rem)
 
 
 def generate(
@@ -417,7 +424,8 @@ def generate(
         eos_id: stop a row after it commits this token.
         ops: a module with the six ops (default: native ``redrafter_ext.mlx.ops`` when present, else
             ``redrafter_ext.mlx.reference``).
-        check_every: read the "all rows done" flag on the host once every this many steps.
+        check_every: with an ``eos_id``, read the rows' progress at least once every this many steps
+            (reads also fall where a row can first reach ``max_new_tokens``).
         max_len: cache length S (default: just enough).
         temperature, top_k, top_p: sampling; temperature 0 (the default) is greedy.
         seed: seeds the ``mx.random`` key of all the uniforms.
@@ -426,20 +434,21 @@ def generate(
         ``GenerateOutput``; greedy: the tokens of ``autoregressive_generate``, token for token;
         sampling: distributed as ``autoregressive_generate``'s, reproducible for a given seed.
     """
-    if check_every < 1:
-        raise ValueError(f"generate: check_every must be >= 1, got {check_every}")
+    check_every_arg(check_every)
     N = num_nodes_max(beam_width, beam_length)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
     ops = ops or default_ops()
-    for step in range(max_new_tokens):
+    box = [state]
+
+    def step() -> None:
         # check_room=False: _start proved S >= prompt + max_new_tokens + N, which bounds every cache_len
-        state, _ = decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops,
-                               sampling=sampling, check_room=False)
-        mx.async_eval(state.arrays())  # schedules the step; the host runs ahead to build the next
-        if (step + 1) % check_every == 0 and _all_done(state):
-            break
-    return _finish(state)
+        box[0], _ = decode_step(target, drafter, box[0], beam_width=beam_width, beam_length=beam_length, ops=ops,
+                                sampling=sampling, check_room=False)
+        mx.async_eval(box[0].arrays())  # schedules the step; the host runs ahead to build the next
+
+    calls = run_until_done(step, lambda: _progress(box[0]), max_new_tokens, beam_length, check_every, eos_id is not None)
+    return _finish(box[0], calls)
 
 
 def autoregressive_generate(
@@ -456,14 +465,16 @@ def autoregressive_generate(
     seed: int = 0,
 ) -> GenerateOutput:
     """Plain decoding with the same target and cache: one token per forward (the baseline)."""
-    if check_every < 1:
-        raise ValueError(f"generate: check_every must be >= 1, got {check_every}")
+    check_every_arg(check_every)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling, seed)
     params = sampling or SamplingParams(0.0)
     B = state.token.shape[0]
     ones = mx.ones((B, 1, 1), dtype=mx.bool_)
-    for step in range(max_new_tokens):
+    box = [state]
+
+    def step() -> None:
+        state = box[0]
         active = ~state.done
         tok = state.token
         logits, hidden, kv = target(tok[:, None], state.cache_len[:, None], ones, state.cache_len, state.kv)
@@ -485,6 +496,7 @@ def autoregressive_generate(
             done=state.done | finished, steps=state.steps + a, nodes=state.nodes + a, key=key,
         )
         mx.async_eval(state.arrays())
-        if (step + 1) % check_every == 0 and _all_done(state):
-            break
-    return _finish(state)
+        box[0] = state
+
+    calls = run_until_done(step, lambda: _progress(box[0]), max_new_tokens, 1, check_every, eos_id is not None)
+    return _finish(box[0], calls)
