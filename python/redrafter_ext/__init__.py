@@ -22,6 +22,7 @@ if find_spec("torch") is not None:
     from .decode import DecodeState, GenerateOutput, SamplingParams, autoregressive_generate, decode_step, generate
     from .drafter import Drafter, DrafterConfig, beam_search
     from .models import LlamaTarget, PagedKV
+    from .policy import SpeculationPolicy
 
     __all__ += [
         "ops",
@@ -37,5 +38,6 @@ if find_spec("torch") is not None:
         "beam_search",
         "LlamaTarget",
         "PagedKV",
+        "SpeculationPolicy",
     ]
 __version__ = "0.1.0"

@@ -20,6 +20,7 @@ a seed reproduces the output exactly. Temperature 0 is greedy decoding, bit for 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,9 +40,11 @@ from ._generate_common import (
     check_sampling,
     prompt_rows,
     run_until_done,
+    steps_until_check,
 )
 from ._shape_checks import common_batch
 from .models import PagedKV
+from .policy import SpeculationPolicy
 from .profiling import StageTimer
 from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
 
@@ -95,12 +98,16 @@ class SamplingParams:
         """float32 uniforms in [0, 1) drawn on ``device`` (no host synchronisation)."""
         return torch.rand(*shape, generator=self.generator, device=device, dtype=torch.float32)
 
-    def sample(self, logits: Tensor) -> Tensor:
-        """One token per row of ``logits (B, V)``: int32 ``(B,)`` (argmax when greedy)."""
+    def sample(self, logits: Tensor, u: Tensor | None = None) -> Tensor:
+        """One token per row of ``logits (B, V)``: int32 ``(B,)`` (argmax when greedy), by inverse
+        CDF at the uniforms ``u (B,)`` float32 (default: drawn from ``generator``)."""
         if self.greedy:
             return logits.argmax(-1).to(torch.int32)
         p = sampling_probs(logits, float(self.temperature), int(self.top_k), float(self.top_p))
-        return sample_inverse_cdf(p, self.rand(logits.shape[0], device=logits.device))
+        return sample_inverse_cdf(p, u if u is not None else self.rand(logits.shape[0], device=logits.device))
+
+
+_GREEDY = SamplingParams(0.0)
 
 
 def _sampling_or_none(temperature: float, top_k: int, top_p: float, seed: int, device) -> SamplingParams | None:
@@ -242,6 +249,9 @@ def decode_step(
     W, L = beam_width, beam_length
     if uniforms is not None and (sampling is None or sampling.greedy):
         raise ValueError("decode_step: uniforms are only used with sampling (temperature > 0)")
+    if L == 1:  # nothing to draft: a plain decoding step, exactly autoregressive_generate's
+        with section("verify"):
+            return _ar_step(target, state, sampling, None if uniforms is None else uniforms[1])
 
     # 1-3: draft, merge into a trie, build the ancestor mask
     with section("draft"):
@@ -324,6 +334,55 @@ def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden,
     return n_commit
 
 
+def _run_policy(target, drafter, state: DecodeState, policy: SpeculationPolicy, check_every: int,
+                **step_kw) -> GenerateOutput:
+    """generate's loop under a ``SpeculationPolicy``: at each read, the rows' progress and the wall
+    clock since the last read update the policy, which picks (W, L) for the next window."""
+    sp = step_kw["sampling"]
+    context = None if sp is None else (float(sp.temperature), int(sp.top_k), float(sp.top_p))
+    eos = state.eos_id is not None
+    done, remaining, rows, tokens, row_steps = _progress(state)
+    calls = 0
+    while not done and calls < state.max_new_tokens:
+        (W, L), n = policy.choose(rows, context)
+        n = min(n, steps_until_check(check_every, remaining, L, eos), state.max_new_tokens - calls)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            decode_step(target, drafter, state, beam_width=W, beam_length=L, check_room=False, **step_kw)
+        calls += n
+        done, remaining, rows_now, tokens_now, row_steps_now = _progress(state)
+        policy.observe((W, L), rows, n, time.perf_counter() - t0, tokens_now - tokens, row_steps_now - row_steps,
+                       context)
+        rows, tokens, row_steps = rows_now, tokens_now, row_steps_now
+    return _finish(state, calls)
+
+
+def _ar_step(target, state: DecodeState, sampling: SamplingParams | None, sample_u: Tensor | None = None) -> Tensor:
+    """One plain decoding step in place on ``state`` (``decode_step`` with L = 1, and
+    ``autoregressive_generate``): commit ``state.token``, then take the next token at it. Returns
+    ``(B,)`` int32 tokens committed (1 for active rows)."""
+    B = state.token.shape[0]
+    active = ~state.done
+    tok = state.token.clone()  # state.token is overwritten below
+    ones = torch.ones(B, 1, 1, dtype=torch.bool, device=tok.device)
+    logits, hidden = target(tok[:, None], state.cache_len[:, None], ones, state.cache_len, state.kv)
+    dst = torch.where(active, state.num_out, state.out.shape[1] - 1).to(torch.int64)
+    state.out.scatter_(1, dst[:, None], tok[:, None])
+    a = active.to(torch.int32)
+    state.cache_len.add_(a)
+    state.num_out.add_(a)
+    state.steps.add_(a)
+    state.nodes.add_(a)
+    nxt = (sampling or _GREEDY).sample(logits[:, 0], sample_u)
+    state.token.copy_(torch.where(active, nxt, tok))
+    state.hidden.copy_(torch.where(active[:, None], hidden[:, 0].to(state.hidden.dtype), state.hidden))
+    finished = state.num_out >= state.max_new_tokens
+    if state.eos_id is not None:
+        finished |= active & (tok == state.eos_id)
+    state.done |= finished
+    return a
+
+
 def _prepare_prompts(target, prompts: Sequence[Sequence[int]] | Tensor, device,
                      max_new_tokens: int = 0) -> tuple[Tensor, Tensor]:
     """Right-pad prompts into ``(B, T)`` int64 + ``lengths (B,)`` after validating them on the host."""
@@ -385,15 +444,18 @@ def _finish(state: DecodeState, calls: int) -> GenerateOutput:
     )
 
 
-def _progress(state: DecodeState) -> tuple[bool, int]:
-    """(every row done, fewest tokens an active row may still write), in one host read."""
-    remaining = torch.where(state.done, state.max_new_tokens, state.max_new_tokens - state.num_out).amin()
-    done, rem = torch.stack([state.done.all().to(remaining.dtype), remaining]).tolist()  # sync-ok: generate's read
-    return bool(done), int(rem)
+def _progress(state: DecodeState) -> tuple[bool, int, int, int, int]:
+    """(every row done, fewest tokens an active row may still write, active rows, tokens written,
+    row-steps taken), in one host read."""
+    m = state.max_new_tokens
+    stats = torch.stack([state.done.all().to(torch.int64), torch.where(state.done, m, m - state.num_out).amin(),
+                         (~state.done).sum(), state.num_out.sum(), state.steps.sum()])
+    done, rem, active, tokens, row_steps = stats.tolist()  # sync-ok: generate's read, between steps
+    return bool(done), int(rem), int(active), int(tokens), int(row_steps)
 
 
 def _run(step, state: DecodeState, per_step: int, check_every: int) -> GenerateOutput:
-    calls = run_until_done(step, lambda: _progress(state), state.max_new_tokens, per_step, check_every,
+    calls = run_until_done(step, lambda: _progress(state)[:2], state.max_new_tokens, per_step, check_every,
                            state.eos_id is not None)
     return _finish(state, calls)
 
@@ -405,8 +467,8 @@ def generate(
     prompts: Sequence[Sequence[int]] | Tensor,
     max_new_tokens: int,
     *,
-    beam_width: int = 4,
-    beam_length: int = 4,
+    beam_width: int | str = 4,
+    beam_length: int | str = 4,
     eos_id: int | None = None,
     ops: ModuleType | None = None,
     check_every: int = 4,
@@ -417,13 +479,18 @@ def generate(
     top_p: float = 1.0,
     seed: int = 0,
     paged_kv: PagedKV | None = None,
+    policy: SpeculationPolicy | None = None,
 ) -> GenerateOutput:
     """ReDrafter generation: prefill, then ``decode_step`` until every row is done.
 
     Args:
         prompts: B prompts of any lengths (list of token-id lists, or a ``(B, T)`` tensor).
         max_new_tokens: per-row limit on generated tokens (EOS included).
-        beam_width, beam_length: W and L (L counts the guaranteed token; L = 1 is plain AR).
+        beam_width, beam_length: W and L (L counts the guaranteed token; L = 1 is plain AR), or
+            both ``"auto"``: a fresh ``SpeculationPolicy`` picks them as the run goes.
+        policy: a ``SpeculationPolicy`` choosing (W, L) per window of steps from measured cost and
+            acceptance (``redrafter_ext.policy``); pass the same one to successive calls to keep
+            its calibration. Greedy output is identical to plain decoding whatever it picks.
         eos_id: stop a row after it commits this token.
         check_every: with an ``eos_id``, read the rows' progress on the host at least once every this many
             steps; reads are also placed where a row can first reach ``max_new_tokens``, so without
@@ -444,8 +511,20 @@ def generate(
         reproducible for a given seed.
     """
     check_every_arg(check_every)
-    N = num_nodes_max(beam_width, beam_length)
+    auto = (beam_width == "auto", beam_length == "auto")
+    if any(auto) and not all(auto):
+        raise ValueError("generate: beam_width and beam_length are 'auto' together (a policy picks both), "
+                         f"got {beam_width!r}, {beam_length!r}")
+    if policy is None and all(auto):
+        policy = SpeculationPolicy()
+    if policy is not None and not isinstance(policy, SpeculationPolicy):
+        raise TypeError(f"generate: policy must be a SpeculationPolicy, got {type(policy).__name__}")
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
+    if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
+        state = _start(target, prompts, max_new_tokens, max(policy.max_nodes, policy.max_length), eos_id, max_len,
+                       sampling, paged_kv)
+        return _run_policy(target, drafter, state, policy, check_every, ops=ops, timer=timer, sampling=sampling)
+    N = num_nodes_max(beam_width, beam_length)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, paged_kv)
     # check_room=False: _start proved S >= prompt + max_new_tokens + N, which bounds every cache_len
     return _run(lambda: decode_step(target, drafter, state, beam_width=beam_width, beam_length=beam_length, ops=ops,
@@ -477,26 +556,4 @@ def autoregressive_generate(
     check_every_arg(check_every)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device) or SamplingParams(0.0)
     state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling, paged_kv)
-    B = state.token.shape[0]
-    ones = torch.ones(B, 1, 1, dtype=torch.bool, device=state.token.device)
-    col = torch.arange(B, device=state.token.device)
-
-    def step() -> None:
-        active = ~state.done
-        tok = state.token.clone()  # state.token is overwritten below
-        logits, hidden = target(tok[:, None], state.cache_len[:, None], ones, state.cache_len, state.kv)
-        # commit `tok`: write it, advance the cache, take the next argmax
-        dst = torch.where(active, state.num_out, state.out.shape[1] - 1).to(torch.int64)
-        state.out[col, dst] = tok
-        a = active.to(torch.int32)
-        state.cache_len.add_(a)
-        state.num_out.add_(a)
-        state.steps.add_(a)
-        state.nodes.add_(a)
-        state.token.copy_(torch.where(active, sampling.sample(logits[:, 0]), tok))
-        finished = state.num_out >= max_new_tokens
-        if eos_id is not None:
-            finished |= active & (tok == eos_id)
-        state.done |= finished
-
-    return _run(step, state, 1, check_every)
+    return _run(lambda: _ar_step(target, state, sampling), state, 1, check_every)

@@ -1,0 +1,120 @@
+"""Adaptive speculation: which draft shape (W, L) to run next, from measured cost and acceptance.
+
+Speculation pays when the tokens a step commits outweigh what the bigger step costs. Both sides
+move: acceptance with the text and the temperature, step time with the number of active rows
+(on a CPU a trie verify turns compute-bound as rows are added; plain decoding stays bound by
+reading the weights). A ``SpeculationPolicy`` keeps, for each (W, L) of a small menu that always
+includes (1, 1) (plain decoding: no drafter, no trie), two online estimates:
+
+- tokens committed per active row and step (from ``num_out`` and ``steps``, which the loop
+  reads at its host reads anyway);
+- seconds per step at the current number of active rows (from the wall clock between those
+  reads; rows are bucketed by powers of two).
+
+At each read it returns the entry with the highest predicted throughput, ``tokens per row-step *
+rows / seconds per step``; an entry with no measurement at the current row bucket is tried first
+for one short window (calibration). Decisions happen only at host reads, never inside a step;
+switching shape reallocates nothing (``generate`` sizes the cache and the output buffer for the
+largest entry once), and every entry runs through the same ``decode_step``, so greedy output stays
+identical to plain decoding under any sequence of choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["DEFAULT_MENU", "SpeculationPolicy"]
+
+# (W, L): plain decoding, two single beams and one small tree (each entry costs a calibration window
+# per row bucket, so the menu stays short)
+DEFAULT_MENU: tuple[tuple[int, int], ...] = ((1, 1), (1, 4), (1, 8), (2, 4))
+
+
+def _bucket(rows: int) -> int:
+    """Rows rounded up to a power of two: step time is measured and predicted per bucket."""
+    return 1 << max(0, int(rows) - 1).bit_length()
+
+
+@dataclass
+class SpeculationPolicy:
+    """Chooses (W, L) from ``menu`` by measured throughput (see the module docstring).
+
+    menu       (W, L) pairs, W >= 1, L >= 1; (1, 1) is added when missing
+    window     steps between the policy's reads of the rows' progress (its decision points)
+    probe      steps of a calibration window (an entry not yet measured at this row bucket)
+    smoothing  weight of the newest measurement in the running estimates (0 < smoothing <= 1)
+
+    Estimates are kept per ``context`` (``generate`` passes the sampling options: acceptance
+    depends on the temperature) and persist in the object: pass one policy to successive
+    ``generate`` calls (or keep one per engine) to calibrate once.
+    """
+
+    menu: tuple[tuple[int, int], ...] = DEFAULT_MENU
+    window: int = 4
+    probe: int = 2
+    smoothing: float = 0.5
+    tokens_per_row_step: dict = field(default_factory=dict)  # (context, entry) -> tokens
+    seconds_per_step: dict = field(default_factory=dict)  # (context, entry, row bucket) -> seconds
+
+    def __post_init__(self) -> None:
+        menu = []
+        for e in self.menu:
+            if (not isinstance(e, (tuple, list)) or len(e) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in e)):
+                raise ValueError(f"SpeculationPolicy: menu entries must be (W, L) pairs of ints >= 1, got {e!r}")
+            menu.append((int(e[0]), int(e[1])))
+        if (1, 1) not in menu:
+            menu.insert(0, (1, 1))
+        self.menu = tuple(dict.fromkeys(menu))
+        for name in ("window", "probe"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"SpeculationPolicy: {name} must be an int >= 1, got {v!r}")
+        if not 0 < self.smoothing <= 1:
+            raise ValueError(f"SpeculationPolicy: smoothing must be in (0, 1], got {self.smoothing!r}")
+
+    @property
+    def max_width(self) -> int:
+        return max(w for w, _ in self.menu)
+
+    @property
+    def max_length(self) -> int:
+        return max(length for _, length in self.menu)
+
+    @property
+    def max_nodes(self) -> int:
+        """The largest trie of the menu, N = 1 + W*(L-1): the cache room every step needs."""
+        return max(1 + w * (length - 1) for w, length in self.menu)
+
+    def _ema(self, table: dict, key, value: float) -> None:
+        old = table.get(key)
+        table[key] = value if old is None else old + self.smoothing * (value - old)
+
+    def observe(self, entry: tuple[int, int], rows: int, steps: int, seconds: float, tokens: int,
+                row_steps: int, context=None) -> None:
+        """One window: ``steps`` steps of ``entry`` with ``rows`` active rows at its start took
+        ``seconds`` and committed ``tokens`` over ``row_steps`` active row-steps."""
+        if steps <= 0 or rows <= 0:
+            return
+        self._ema(self.seconds_per_step, (context, entry, _bucket(rows)), seconds / steps)
+        if row_steps > 0:
+            self._ema(self.tokens_per_row_step, (context, entry), tokens / row_steps)
+
+    def predicted_throughput(self, entry: tuple[int, int], rows: int, context=None) -> float | None:
+        """Predicted tokens per second with ``rows`` active rows, None when not yet measured."""
+        t = self.seconds_per_step.get((context, entry, _bucket(rows)))
+        a = 1.0 if entry[1] == 1 else self.tokens_per_row_step.get((context, entry))  # L = 1 commits one
+        if t is None or a is None:
+            return None
+        return a * rows / max(t, 1e-9)
+
+    def choose(self, rows: int, context=None) -> tuple[tuple[int, int], int]:
+        """The entry to run next with ``rows`` active rows, and for how many steps."""
+        best, best_tp = None, -1.0
+        for entry in self.menu:
+            tp = self.predicted_throughput(entry, rows, context)
+            if tp is None:
+                return entry, self.probe  # calibration: measure it once at this bucket
+            if tp > best_tp:
+                best, best_tp = entry, tp
+        return best, self.window

@@ -1,0 +1,144 @@
+"""Adaptive speculation (``SpeculationPolicy``): its choices on synthetic measurements, and greedy
+output identical to plain decoding under any sequence of (W, L), with no host sync in a step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import random_drafter, random_target
+from test_decode import NoHostSync, _forbidden
+
+import redrafter_ext as rx
+from redrafter_ext.decode import _start
+from redrafter_ext.policy import SpeculationPolicy
+
+PROMPTS = [[5, 17, 3, 9, 22, 41, 8], [60, 2], [11, 12, 13, 14]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_target(vocab=97, hidden=64, layers=2, seed=0)
+
+
+def feed(policy, entry, rows, sec_per_step, tokens_per_row_step, ctx=None):
+    policy.observe(entry, rows, 4, 4 * sec_per_step, int(round(4 * rows * tokens_per_row_step)), 4 * rows, ctx)
+
+
+def test_calibrates_every_entry_once_per_row_bucket():
+    p = SpeculationPolicy(menu=((1, 4), (2, 4)), probe=2, window=5)
+    assert p.menu == ((1, 1), (1, 4), (2, 4))  # plain decoding is always on the menu
+    seen = []
+    for _ in range(3):
+        entry, n = p.choose(8)
+        assert n == 2
+        seen.append(entry)
+        feed(p, entry, 8, 0.01, 2.0)
+    assert seen == [(1, 1), (1, 4), (2, 4)]
+    assert p.choose(8)[1] == 5  # calibrated: a full window
+    assert p.choose(2)[1] == 2  # another row bucket: measured again
+
+
+def test_picks_plain_decoding_when_drafting_cannot_pay():
+    p = SpeculationPolicy(menu=((1, 4), (1, 8)))
+    feed(p, (1, 1), 32, 0.010, 1.0)
+    feed(p, (1, 4), 32, 0.030, 2.5)  # 2.5 tokens for 3x the time
+    feed(p, (1, 8), 32, 0.050, 3.0)
+    assert p.choose(32) == ((1, 1), p.window)
+
+
+def test_picks_the_best_entry_when_drafting_pays_and_follows_the_batch():
+    p = SpeculationPolicy(menu=((1, 4), (1, 8)))
+    for rows, t_ar, t4, t8 in [(1, 0.010, 0.012, 0.014), (32, 0.010, 0.030, 0.050)]:
+        feed(p, (1, 1), rows, t_ar, 1.0)
+        feed(p, (1, 4), rows, t4, 2.5)
+        feed(p, (1, 8), rows, t8, 4.0)
+    assert p.choose(1)[0] == (1, 8)  # 4.0 / 0.014 beats 2.5 / 0.012 and 1 / 0.010
+    assert p.choose(32)[0] == (1, 1)  # the same estimates at 32 rows: drafting costs too much
+    # acceptance is kept per sampling context: a temperature with poor acceptance picks AR
+    for entry, t, a in [((1, 1), 0.010, 1.0), ((1, 4), 0.012, 1.1), ((1, 8), 0.014, 1.1)]:
+        feed(p, entry, 1, t, a, ctx=(0.7, 0, 1.0))
+    assert p.choose(1, (0.7, 0, 1.0))[0] == (1, 1)
+    assert p.choose(1)[0] == (1, 8)
+
+
+@pytest.mark.parametrize("bad", [dict(menu=((0, 4),)), dict(menu=((1,),)), dict(window=0), dict(probe=2.5),
+                                 dict(smoothing=0.0)])
+def test_rejects_bad_settings(bad):
+    with pytest.raises(ValueError, match="SpeculationPolicy"):
+        SpeculationPolicy(**bad)
+
+
+class Scripted(SpeculationPolicy):
+    """Switches (W, L) along a fixed script, ignoring the measurements."""
+
+    def __init__(self, script, menu):
+        super().__init__(menu=menu)
+        self.script, self.i = list(script), 0
+
+    def choose(self, rows, context=None):
+        entry, n = self.script[self.i % len(self.script)]
+        self.i += 1
+        return entry, n
+
+
+SCRIPTS = [
+    [((1, 1), 1), ((2, 3), 2), ((1, 8), 1), ((4, 4), 3), ((1, 1), 2)],
+    [((3, 6), 1), ((1, 1), 1)],
+    [((1, 2), 2), ((5, 2), 1), ((2, 5), 1)],
+]
+
+
+@pytest.mark.parametrize("script", range(len(SCRIPTS)))
+@pytest.mark.parametrize("eos", [False, True])
+def test_greedy_equals_ar_under_forced_switches(target, script, eos):
+    ar_free = rx.autoregressive_generate(target, PROMPTS, 40)
+    eos_id = ar_free.tokens[1][7] if eos else None
+    ar = rx.autoregressive_generate(target, PROMPTS, 40, eos_id=eos_id)
+    menu = tuple({e for e, _ in SCRIPTS[script]})
+    drafter = random_drafter(target, seed=script)
+    out = rx.generate(target, drafter, PROMPTS, 40, eos_id=eos_id, policy=Scripted(SCRIPTS[script], menu))
+    assert out.tokens == ar.tokens
+    # the cache was sized once for the largest entry and never reallocated
+    assert out.state.kv.shape[4] >= max(map(len, PROMPTS)) + 40 + max(1 + w * (L - 1) for w, L in menu)
+
+
+def test_auto_equals_ar_and_keeps_its_calibration(target):
+    ar = rx.autoregressive_generate(target, PROMPTS, 24)
+    drafter = random_drafter(target)
+    assert rx.generate(target, drafter, PROMPTS, 24, beam_width="auto", beam_length="auto").tokens == ar.tokens
+    policy = SpeculationPolicy()
+    for _ in range(2):
+        assert rx.generate(target, drafter, PROMPTS, 24, policy=policy).tokens == ar.tokens
+    assert {e for (_, e, _) in policy.seconds_per_step} == set(policy.menu)  # every entry was measured
+    with pytest.raises(ValueError, match="'auto' together"):
+        rx.generate(target, drafter, PROMPTS, 4, beam_width="auto", beam_length=4)
+
+
+def test_switching_steps_never_sync(target, monkeypatch):
+    drafter = random_drafter(target)
+    policy = SpeculationPolicy(menu=((1, 1), (2, 3), (1, 8), (4, 4)))
+    state = _start(target, PROMPTS, 24, max(policy.max_nodes, policy.max_length), None, None)
+    for name in ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, _forbidden(name))
+    with NoHostSync():
+        for W, L in [(1, 1), (2, 3), (1, 1), (1, 8), (4, 4), (1, 1)]:
+            rx.decode_step(target, drafter, state, beam_width=W, beam_length=L)
+    monkeypatch.undo()
+    assert int(state.num_out.min()) >= 6
+
+
+def test_plain_step_with_explicit_uniform_samples_like_verify_sample(target):
+    # decode_step with L = 1 samples the root by inverse CDF at sample_u, as verify_sample does on a
+    # one-node trie
+    drafter = random_drafter(target)
+    state = _start(target, PROMPTS, 8, 1, None, None)
+    B = len(PROMPTS)
+    u = torch.rand(B, generator=torch.Generator().manual_seed(5))
+    no_accept = torch.empty(B, 0, 1)
+    logits, _ = target(state.token[:, None].clone(), state.cache_len[:, None].clone(),
+                       torch.ones(B, 1, 1, dtype=torch.bool), state.cache_len.clone(), state.kv.clone())
+    beams = state.token[:, None, None].clone()
+    want = rx.reference.verify_sample(logits, beams, torch.zeros_like(beams), no_accept, u, 0.8, 20, 0.9)[3]
+    rx.decode_step(target, drafter, state, beam_width=1, beam_length=1, sampling=rx.SamplingParams(0.8, 20, 0.9),
+                   uniforms=(no_accept, u))
+    assert torch.equal(state.token, want)
