@@ -61,8 +61,22 @@ def test_picks_the_best_entry_when_drafting_pays_and_follows_the_batch():
     assert p.choose(1)[0] == (1, 8)
 
 
+def test_measures_an_entry_again_after_refresh_decisions():
+    # acceptance drifts: an entry judged on a bad start gets another window later
+    p = SpeculationPolicy(menu=((1, 8),), refresh=5)
+    feed(p, (1, 1), 1, 0.010, 1.0)
+    feed(p, (1, 8), 1, 0.030, 1.5)  # a poor first measurement
+    picks = []
+    for _ in range(7):
+        entry, n = p.choose(1)
+        picks.append(entry)
+        feed(p, entry, 1, 0.010 if entry == (1, 1) else 0.030, 1.0 if entry == (1, 1) else 6.0)
+    assert picks[:5] == [(1, 1)] * 5 and (1, 8) in picks[5:]
+    assert p.choose(1)[0] == (1, 8)  # 6 tokens per 3 AR steps now: speculation pays
+
+
 @pytest.mark.parametrize("bad", [dict(menu=((0, 4),)), dict(menu=((1,),)), dict(window=0), dict(probe=2.5),
-                                 dict(smoothing=0.0)])
+                                 dict(smoothing=0.0), dict(refresh=0)])
 def test_rejects_bad_settings(bad):
     with pytest.raises(ValueError, match="SpeculationPolicy"):
         SpeculationPolicy(**bad)
