@@ -135,6 +135,10 @@ class DecodeState:
     done       (B,) bool    row finished (EOS committed or max_new_tokens reached)
     steps      (B,) int32   decode steps taken while the row was active
     nodes      (B,) int32   trie nodes verified while the row was active (sum over steps)
+    max_new_tokens  int     the out buffer's capacity (and every row's limit unless ``limit``)
+    eos_id     int | None   every row's EOS unless ``eos``
+    limit      (B,) int32   per-row limit on generated tokens, <= max_new_tokens (default: max_new_tokens)
+    eos        (B,) int32   per-row EOS id, -1 for none (default: eos_id)
     """
 
     kv: Tensor | PagedKV
@@ -148,6 +152,16 @@ class DecodeState:
     nodes: Tensor
     max_new_tokens: int
     eos_id: int | None = None
+    limit: Tensor | None = None
+    eos: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        # per-row limits from the batch-wide ones (rows admitted later set their own, serving.Batch)
+        like = self.cache_len
+        if self.limit is None and isinstance(like, Tensor) and isinstance(self.max_new_tokens, int):
+            self.limit = torch.full_like(like, self.max_new_tokens, dtype=torch.int32)
+        if self.eos is None and isinstance(like, Tensor) and (self.eos_id is None or isinstance(self.eos_id, int)):
+            self.eos = torch.full_like(like, -1 if self.eos_id is None else self.eos_id, dtype=torch.int32)
 
     def check(self, target, beam_width: int, beam_length: int) -> None:
         """Metadata checks of every field (no tensor values are read), before anything is written."""
@@ -169,11 +183,11 @@ class DecodeState:
             kv_batch, S = self.kv.shape[2], self.kv.shape[4]
         check_tensor(op, "state.hidden", self.hidden, "B, H", FLOAT_DTYPES, dev)
         check_tensor(op, "state.out", self.out, "B, T", (torch.int32,), dev)
-        for name in ("cache_len", "token", "num_out", "steps", "nodes"):
+        for name in ("cache_len", "token", "num_out", "steps", "nodes", "limit", "eos"):
             check_tensor(op, f"state.{name}", getattr(self, name), "B", (torch.int32,), dev)
         check_tensor(op, "state.done", self.done, "B", (torch.bool,), dev)
         batches = {"state.kv": kv_batch, "state.hidden": self.hidden.shape[0], "state.out": self.out.shape[0]}
-        for name in ("cache_len", "token", "num_out", "done", "steps", "nodes"):
+        for name in ("cache_len", "token", "num_out", "done", "steps", "nodes", "limit", "eos"):
             batches[f"state.{name}"] = getattr(self, name).shape[0]
         B = common_batch(op, batches)
         if self.hidden.shape[1] != target.hidden_size:
@@ -300,11 +314,10 @@ def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden,
 
     # commit root + accepted drafts, cut after an EOS and at max_new_tokens; -1 = inactive row
     n_commit = accept_len + 1
-    if state.eos_id is not None:
-        is_eos = (path_tokens == state.eos_id) & (i[None, :] < n_commit[:, None])
-        first_eos = torch.where(is_eos, i[None, :], L).amin(dim=1)
-        n_commit = torch.minimum(n_commit, first_eos + 1)
-    n_commit = torch.minimum(n_commit, state.max_new_tokens - state.num_out)
+    is_eos = (path_tokens == state.eos[:, None]) & (i[None, :] < n_commit[:, None])  # eos -1: never
+    first_eos = torch.where(is_eos, i[None, :], L).amin(dim=1)
+    n_commit = torch.minimum(n_commit, first_eos + 1)
+    n_commit = torch.minimum(n_commit, state.limit - state.num_out)
     n_commit = torch.where(state.done, 0, n_commit).to(torch.int32)
     last = n_commit - 1  # index of the last committed path position, -1 for inactive rows
 
@@ -327,9 +340,9 @@ def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden,
     state.steps.add_(active.to(torch.int32))
     state.nodes.add_(torch.where(active, num_nodes, 0))
     state.num_out.add_(n_commit)
-    finished = state.num_out >= state.max_new_tokens
-    if state.eos_id is not None:
-        finished |= (n_commit > 0) & (torch.gather(path_tokens, 1, last.clamp(min=0)[:, None].to(torch.int64))[:, 0] == state.eos_id)
+    finished = state.num_out >= state.limit
+    last_token = torch.gather(path_tokens, 1, last.clamp(min=0)[:, None].to(torch.int64))[:, 0]
+    finished |= (n_commit > 0) & (last_token == state.eos)
     state.done |= finished
     return n_commit
 
@@ -376,9 +389,7 @@ def _ar_step(target, state: DecodeState, sampling: SamplingParams | None, sample
     nxt = (sampling or _GREEDY).sample(logits[:, 0], sample_u)
     state.token.copy_(torch.where(active, nxt, tok))
     state.hidden.copy_(torch.where(active[:, None], hidden[:, 0].to(state.hidden.dtype), state.hidden))
-    finished = state.num_out >= state.max_new_tokens
-    if state.eos_id is not None:
-        finished |= active & (tok == state.eos_id)
+    finished = (state.num_out >= state.limit) | (active & (tok == state.eos))
     state.done |= finished
     return a
 
@@ -448,7 +459,7 @@ def _progress(state: DecodeState) -> tuple[bool, int, int, int, int]:
     """(every row done, fewest tokens an active row may still write, active rows, tokens written,
     row-steps taken), in one host read."""
     m = state.max_new_tokens
-    stats = torch.stack([state.done.all().to(torch.int64), torch.where(state.done, m, m - state.num_out).amin(),
+    stats = torch.stack([state.done.all().to(torch.int64), torch.where(state.done, m, state.limit - state.num_out).amin(),
                          (~state.done).sum(), state.num_out.sum(), state.steps.sum()])
     done, rem, active, tokens, row_steps = stats.tolist()  # sync-ok: generate's read, between steps
     return bool(done), int(rem), int(active), int(tokens), int(row_steps)
