@@ -405,7 +405,9 @@ cudaError_t launch_t(IndexType it, const void* logits, int64_t n_rows, int64_t V
 
 }  // namespace
 
-size_t verify_sample_workspace_bytes(int64_t B, int64_t V) {
+size_t verify_sample_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, FloatType logits_type,
+                                     double temperature) {
+  if (temperature == 0.0) return verify_greedy_workspace_bytes(B, n_logit_rows, V, logits_type);
   return static_cast<size_t>(B > 0 ? B : 0) * static_cast<size_t>(V > 0 ? V : 0) * sizeof(double);
 }
 
@@ -416,7 +418,7 @@ cudaError_t verify_sample(const void* logits, FloatType logits_type, int64_t n_l
                           int32_t* next_token, void* workspace, cudaStream_t stream) {
   if (temperature == 0.0) {  // greedy, exactly (the uniforms are unused)
     return verify_greedy(logits, logits_type, n_logit_rows, V, beams, beam_node, index_type, B, W, L, accept_len,
-                         best_beam, path_nodes, next_token, stream);
+                         best_beam, path_nodes, next_token, workspace, stream);
   }
   if (B == 0) return cudaSuccess;
   if (W < 1 || L < 1 || V < 1 || B > 0x7fffffff || !(temperature > 0.0) || !(top_p > 0.0 && top_p <= 1.0) ||
