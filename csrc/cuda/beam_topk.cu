@@ -15,7 +15,7 @@
 //     C indices, like the stable sort.
 //  3. merge (grid B): top-W of the W*C candidates by (f desc, flat index w*V + v asc), sorted,
 //     scores, parents and token histories.
-//  4. gather (grid B*W x pieces of 8 KB): state rows copied from their parent beams in 16-byte
+//  4. gather (grid B*W x pieces of 4 KB): state rows copied from their parent beams in 16-byte
 //     words (4 or 1 when unaligned).
 // The block-wide selection (block_select) is exact for any keys: radix select of the k-th largest
 // 32-bit key (4 passes of 8 bits, shared-memory histogram), then every key above it and the
@@ -35,7 +35,7 @@ constexpr int64_t kMinChunk = 2048;
 constexpr int64_t kMaxChunk = 8192;            // split keys staged in shared memory: 32 KB
 constexpr int64_t kMaxCandBytes = 128 * 1024;  // row kernel: candidates staged in shared memory
 constexpr int64_t kMaxSmem = 160 * 1024;       // below sm_80's 163 KB opt-in limit
-constexpr int64_t kGatherUnits = 2 * kThreads; // 16-byte words per gather CTA (8 KB)
+constexpr int64_t kGatherUnits = kThreads;     // 16-byte words per gather CTA (4 KB)
 
 struct Plan {
   int64_t R, P, chunk, K, C;
