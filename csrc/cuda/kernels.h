@@ -40,8 +40,11 @@ int64_t build_trie_max_positions();
 // (index_type) -> accept_len, best_beam, next_token [B], path_nodes [B, L], all i32. A beam_node
 // outside [0, n_logit_rows) counts as a node whose argmax is -1: acceptance stops there (and a
 // next_token taken there is -1). workspace: verify_greedy_workspace_bytes(...) bytes of device
-// memory (8-byte aligned; per-chunk argmax keys).
-size_t verify_greedy_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, FloatType logits_type);
+// memory (8-byte aligned; per-chunk argmax keys and per-beam walk state).
+size_t verify_greedy_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, int64_t W, FloatType logits_type);
+// For tests and benchmarks: 0 picks the strategy by size (default), 1 forces the per-node argmax,
+// 2 the lazy depth-by-depth walk. Not thread safe; the launchers never call it.
+void verify_greedy_set_strategy(int strategy);
 cudaError_t verify_greedy(const void* logits, FloatType logits_type, int64_t n_logit_rows, int64_t V,
                           const void* beams, const void* beam_node, IndexType index_type, int64_t B, int64_t W,
                           int64_t L, int32_t* accept_len, int32_t* best_beam, int32_t* path_nodes,
@@ -72,13 +75,13 @@ cudaError_t kv_compact_paged(void* kv_pages, int64_t n_layers, int64_t num_block
 // (logits_type), beams and beam_node [B, W, L] (index_type), accept_u [B, L-1, W] f32, sample_u [B]
 // f32 -> accept_len, best_beam, next_token [B], path_nodes [B, L], all i32. temperature == 0 runs
 // verify_greedy (the uniforms are not read). workspace: verify_sample_workspace_bytes(B,
-// n_logit_rows, V, logits_type, temperature) bytes of device memory (8-byte aligned). Out-of-range values: a child node outside
+// n_logit_rows, V, W, logits_type, temperature) bytes of device memory (8-byte aligned). Out-of-range values: a child node outside
 // [0, n_logit_rows) or a draft token outside [0, V) is rejected; a root node outside the logits stops
 // the row at once with next_token -1; uniforms are used as they are (a NaN rejects, an
 // out-of-range one biases but never indexes: the sampled token is always a positive-weight index, or
 // 0 when no weight is positive).
 namespace redrafter::cuda {
-size_t verify_sample_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, FloatType logits_type,
+size_t verify_sample_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, int64_t W, FloatType logits_type,
                                      double temperature);
 cudaError_t verify_sample(const void* logits, FloatType logits_type, int64_t n_logit_rows, int64_t V,
                           const void* beams, const void* beam_node, IndexType index_type, int64_t B, int64_t W,

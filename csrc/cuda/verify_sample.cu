@@ -532,9 +532,9 @@ cudaError_t launch_t(IndexType it, const void* logits, int64_t n_rows, int64_t V
 
 }  // namespace
 
-size_t verify_sample_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, FloatType logits_type,
+size_t verify_sample_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, int64_t W, FloatType logits_type,
                                      double temperature) {
-  if (temperature == 0.0) return verify_greedy_workspace_bytes(B, n_logit_rows, V, logits_type);
+  if (temperature == 0.0) return verify_greedy_workspace_bytes(B, n_logit_rows, V, W, logits_type);
   return 8;  // unused: the sampling kernel keeps no per-token state in global memory
 }
 

@@ -89,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(co
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
   const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
   // per-chunk argmax keys
-  const auto ws_bytes = static_cast<int64_t>(cuda::verify_greedy_workspace_bytes(B, NL, V, float_type(logits)));
+  const auto ws_bytes = static_cast<int64_t>(cuda::verify_greedy_workspace_bytes(B, NL, V, W, float_type(logits)));
   at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));
   check_cuda(cuda::verify_greedy(logits.const_data_ptr(), float_type(logits), NL, V, beams.const_data_ptr(),
                                  beam_node.const_data_ptr(), index_type(idx), B, W, L,
@@ -115,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cuda(
   const at::Tensor sample_u = sample_u_in.contiguous();
   // float64 p of each row's current node, or verify_greedy's argmax keys when greedy
   const auto ws_bytes =
-      static_cast<int64_t>(cuda::verify_sample_workspace_bytes(B, NL, V, float_type(logits), temperature));
+      static_cast<int64_t>(cuda::verify_sample_workspace_bytes(B, NL, V, W, float_type(logits), temperature));
   at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));
   check_cuda(cuda::verify_sample(logits.const_data_ptr(), float_type(logits), NL, V, beams.const_data_ptr(),
                                  beam_node.const_data_ptr(), index_type(idx), B, W, L,

@@ -115,6 +115,8 @@ PYBIND11_MODULE(redrafter_emu, m) {
   // traffic counting: start (every `sample`-th block runs), run ops, stop -> (launches, region sizes)
   m.def("traffic_start", [](uint64_t sample) { redrafter_emu::traffic_start(sample); }, py::arg("sample") = 1);
   m.def("traffic_stop", [] { return traffic_report(redrafter_emu::traffic_stop()); });
+  // verify_greedy's strategy: 0 by size, 1 per node, 2 lazy
+  m.def("verify_greedy_set_strategy", [](int s) { rc::verify_greedy_set_strategy(s); });
 
   m.def("tree_mask", [](py::array parent, py::array num_nodes, bool packed, py::array out) {
     const int64_t B = parent.shape(0), N = parent.shape(1);
@@ -142,7 +144,7 @@ PYBIND11_MODULE(redrafter_emu, m) {
     if (index_type(beam_node) != it) throw std::invalid_argument("beams and beam_node: one index dtype");
     const auto ft = float_type(logits, kind16);
     py::array_t<uint64_t> ws(static_cast<py::ssize_t>(
-        (rc::verify_greedy_workspace_bytes(B, logits.shape(1), logits.shape(2), ft) + 7) / 8));
+        (rc::verify_greedy_workspace_bytes(B, logits.shape(1), logits.shape(2), W, ft) + 7) / 8));
     for (auto [n, a] : {std::pair<const char*, py::array*>{"logits", &logits}, {"beams", &beams},
                         {"beam_node", &beam_node}, {"workspace", &ws}, {"accept_len", &accept_len},
                         {"best_beam", &best_beam}, {"path_nodes", &path_nodes}, {"next_token", &next_token}})
@@ -210,10 +212,10 @@ PYBIND11_MODULE(redrafter_emu, m) {
     if (index_type(beam_node) != it) throw std::invalid_argument("beams and beam_node: one index dtype");
     const auto ft = float_type(logits, kind16);
     py::array_t<uint64_t> greedy_ws(static_cast<py::ssize_t>(
-        (rc::verify_sample_workspace_bytes(B, logits.shape(1), V, ft, 0.0) + 7) / 8));
+        (rc::verify_sample_workspace_bytes(B, logits.shape(1), V, W, ft, 0.0) + 7) / 8));
     py::array ws = temperature == 0.0 ? static_cast<py::array>(greedy_ws) : workspace;
     if (temperature != 0.0 && static_cast<size_t>(workspace.nbytes()) <
-                                  rc::verify_sample_workspace_bytes(B, logits.shape(1), V, ft, temperature))
+                                  rc::verify_sample_workspace_bytes(B, logits.shape(1), V, W, ft, temperature))
       throw std::invalid_argument("workspace too small");
     for (auto [n, a] : {std::pair<const char*, py::array*>{"logits", &logits}, {"beams", &beams},
                         {"beam_node", &beam_node}, {"accept_u", &accept_u}, {"sample_u", &sample_u},
