@@ -8,10 +8,11 @@ ratio, the passes over the logits, the share of read bytes loaded 16 bytes at a 
 both byte counts imply at 4.3 TB/s (H200), with the launch count (each launch costs ~2-4 us more
 outside a CUDA graph).
 
-Minimum bytes: every input the op must read once and every output written once. verify_greedy:
-the logits rows of the nodes some beam references (padding rows need not be read); a walk that
-computes the argmax lazily, depth by depth, could read only the accepted path's rows but needs
-L dependent launches. verify_sample: the rows of the nodes it visits (accepted path + stop node).
+Minimum bytes: every input the op must read once and every output written once. verify_greedy and
+verify_sample: the logits rows of the nodes the walk visits (accepted path + stop node). verify_greedy
+is shown with both of its strategies (``greedy/lazy``: argmax depth by depth at the nodes still
+reachable, 2L launches; ``greedy/node``: every referenced node at once, 2 launches); ``*`` marks the
+one the kernel picks by size.
 beam_topk: the logits, scores, tokens and state in, scores, tokens, state and parents out.
 
 Shapes too large to emulate whole are sampled: only every k-th block (by blockIdx.x) runs and its
@@ -142,14 +143,23 @@ def verify_inputs(B, W, L, V, dt, rng, args):
 
 
 def run_verify_greedy(emu, B, W, L, V, dt, rng, args):
+    """Both strategies (lazy first: its sampled rows' accept_len gives the minimum); auto marked *."""
     logits, beams, beam_node, N, used_rows = verify_inputs(B, W, L, V, dt, rng, args)
-    outs = (np.zeros(B, np.int32), np.zeros(B, np.int32), np.zeros((B, L), np.int32), np.zeros(B, np.int32))
-    stride = stride_for(B * N * V)
-    emu.traffic_start(stride)
-    emu.verify_greedy(logits, KIND16[dt], beams, beam_node, *outs)
-    launches, sizes = emu.traffic_stop()
-    min_bytes = used_rows * V * ESIZE[dt] + 2 * B * W * L * 4 + B * (3 + L) * 4
-    return summarise(launches, sizes, min_bytes, stride, "verify_greedy", f"B={B} W={W} L={L} V={V} {dt}")
+    auto_lazy = B * N * V * ESIZE[dt] > L * (16 << 20)  # as use_lazy in csrc/cuda/verify_greedy.cu
+    min_bytes = None
+    for strategy, name in ((2, "lazy"), (1, "node")):
+        outs = (np.zeros(B, np.int32), np.zeros(B, np.int32), np.zeros((B, L), np.int32), np.zeros(B, np.int32))
+        stride = stride_for(B * V * L * 2) if strategy == 2 else stride_for(B * N * V)
+        emu.verify_greedy_set_strategy(strategy)
+        emu.traffic_start(stride)
+        emu.verify_greedy(logits, KIND16[dt], beams, beam_node, *outs)
+        launches, sizes = emu.traffic_stop()
+        emu.verify_greedy_set_strategy(0)
+        if min_bytes is None:  # the accepted path and the stop node of each row, once
+            visited = float((outs[0][np.arange(B) % stride == 0] + 1).mean()) * B
+            min_bytes = visited * V * ESIZE[dt] + 2 * B * W * L * 4 + B * (3 + L) * 4
+        star = "*" if (strategy == 2) == auto_lazy else " "
+        summarise(launches, sizes, min_bytes, stride, f"greedy/{name}{star}", f"B={B} W={W} L={L} V={V} {dt}")
 
 
 def run_verify_sample(emu, B, W, L, V, dt, setting, rng, args):

@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kWalkThreads)
 }
 
 // ---- lazy strategy: argmax only at the nodes the still-matching beams reach, depth by depth ------
-// Per depth d, launch A (grid B*S) finds the distinct nodes at position d of the beams still
+// Per depth d, launch A (grid B x S) finds the distinct nodes at position d of the beams still
 // matching ("slots"; one in a well-formed trie: the greedy path is unique) and computes their split
 // argmax; launch B (grid B) advances every beam: it stops at d when d == L-1 or the draft token
 // differs from the argmax there. The last launch B also picks the best beam.
@@ -188,7 +188,7 @@ template <typename T, typename I>
 __global__ void __launch_bounds__(kArgmaxThreads)
     lazy_argmax_kernel(const T* __restrict__ logits, int64_t n_rows, int64_t V, const I* __restrict__ beam_node,
                        int64_t W, int64_t L, int64_t d, Lazy z) {
-  const int64_t b = blockIdx.x / z.S, s = blockIdx.x % z.S;
+  const int64_t b = blockIdx.x, s = blockIdx.y;
   int* sm = dynamic_smem<int>();
   int* scratch = sm;                                            // [32] block_prefix_count
   uint64_t* red = reinterpret_cast<uint64_t*>(sm + 34);         // [32] (8-byte aligned)
@@ -300,7 +300,7 @@ cudaError_t launch_lazy(const void* logits, int64_t n_rows, int64_t V, const voi
   const int64_t threads = W < 32 ? 32 : W < kWalkThreads ? (W + 31) / 32 * 32 : kWalkThreads;
   for (int64_t d = 0; d < L; ++d) {
     cudaError_t e = launch_kernel("verify_greedy.lazy_argmax", lazy_argmax_kernel<T, I>,
-                                  dim3(static_cast<unsigned>(B * z.S)), dim3(kArgmaxThreads), smem, stream,
+                                  dim3(static_cast<unsigned>(B), static_cast<unsigned>(z.S)), dim3(kArgmaxThreads), smem, stream,
                                   static_cast<const T*>(logits), n_rows, V, static_cast<const I*>(beam_node), W, L,
                                   d, z);
     if (e != cudaSuccess) return e;
