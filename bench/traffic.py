@@ -40,6 +40,7 @@ import emu_build  # noqa: E402
 HBM = 4.3e12  # bytes/s, H200
 KIND16 = {"f32": 0, "f16": 1, "bf16": 2}
 ESIZE = {"f32": 4, "f16": 2, "bf16": 2}
+SHOW_LAUNCHES = False  # --launches
 EMU_BUDGET = 1.2e8  # logits elements emulated per op and shape (about 10-60 s on one core)
 
 BEAM_TOPK = [  # B, W, V, dtype, D (bench/gpu_bench.py, then D=4096, W=64)
@@ -102,6 +103,12 @@ def summarise(launches, sizes, min_bytes, stride, label, shape):
     print(f"{label:13s} {shape:34s} {len(launches):2d} [{','.join(str(c) for c in ctas):>22s}] "
           f"{total / 1e6:10.2f} {min_bytes / 1e6:10.2f} {total / min_bytes:6.2f}x {passes:6.2f} "
           f"{100 * rd16 / max(rd, 1):5.1f}% {t_model:9.2f} {t_min:9.2f}  1/{stride}", flush=True)
+    if SHOW_LAUNCHES:
+        for ln in launches:
+            scale = ln["blocks_total"] / max(1, ln["blocks_run"])
+            by = {k: round(v * scale / 1e6, 3) for k, v in {**ln["region_read"]}.items()}
+            wr = {k: round(v * scale / 1e6, 3) for k, v in {**ln["region_write"]}.items()}
+            print(f"    {ln['name']:28s} grid {ln['blocks_total']:6d}  read MB {by}  write MB {wr}")
     return total, min_bytes
 
 
@@ -185,7 +192,10 @@ def main() -> None:
     ap.add_argument("--op", choices=("beam_topk", "verify_greedy", "verify_sample"), action="append")
     ap.add_argument("--quick", action="store_true", help="B=1 shapes only")
     ap.add_argument("--max-random-mb", type=float, default=600.0)
+    ap.add_argument("--launches", action="store_true", help="per launch: bytes read and written per buffer")
     args = ap.parse_args()
+    global SHOW_LAUNCHES
+    SHOW_LAUNCHES = args.launches
     ops = args.op or ["verify_greedy", "beam_topk", "verify_sample"]
     emu = emu_build.build()
     rng = np.random.default_rng(0)

@@ -88,7 +88,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(co
   DeviceGuard guard(logits_in);
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
   const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
-  // per-chunk argmax keys
+  // split argmax keys and the walk's per-beam state
   const auto ws_bytes = static_cast<int64_t>(cuda::verify_greedy_workspace_bytes(B, NL, V, W, float_type(logits)));
   at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));
   check_cuda(cuda::verify_greedy(logits.const_data_ptr(), float_type(logits), NL, V, beams.const_data_ptr(),
@@ -113,7 +113,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cuda(
   const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
   const at::Tensor accept_u = accept_u_in.contiguous();
   const at::Tensor sample_u = sample_u_in.contiguous();
-  // float64 p of each row's current node, or verify_greedy's argmax keys when greedy
+  // verify_greedy's workspace when greedy (sampling keeps no per-token state in global memory)
   const auto ws_bytes =
       static_cast<int64_t>(cuda::verify_sample_workspace_bytes(B, NL, V, W, float_type(logits), temperature));
   at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));
