@@ -1,8 +1,9 @@
 """GPU timing of every native CUDA op against its reference torch composition (same GPU).
 
 One line per configuration: native and reference time (CUDA events, median of 50 after warm-up),
-speedup, the bytes the op must move at least, and the time that takes at the measured copy
-bandwidth (device-to-device copy of 1 GiB): ``bound``. Each configuration is checked against the
+speedup, the bytes the op must move at least (the same minimum as bench/traffic.py, which models
+the kernels' traffic without a GPU), and the time that takes at the measured copy bandwidth
+(device-to-device copy of 1 GiB): ``bound``. Each configuration is checked against the
 reference before it is timed. Run by bench/gpu_check.sh; needs a CUDA GPU.
 """
 
@@ -51,9 +52,10 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()}  copy bandwidth {bw / 1e12:.2f} TB/s  torch {torch.__version__}")
 
-    for B, W, V, dt in [(1, 8, 128256, torch.bfloat16), (64, 8, 128256, torch.bfloat16),
-                        (256, 4, 32000, torch.float16), (4, 64, 128256, torch.float32)]:
-        L, D = 5, 512
+    for B, W, V, dt, D in [(1, 8, 128256, torch.bfloat16, 512), (64, 8, 128256, torch.bfloat16, 512),
+                           (256, 4, 32000, torch.float16, 512), (4, 64, 128256, torch.float32, 512),
+                           (1, 64, 128256, torch.bfloat16, 4096), (64, 64, 128256, torch.bfloat16, 4096)]:
+        L = 5
         logits = (torch.randn(B, W, V, device=dev, generator=g) * 3).to(dt)
         scores = -(torch.rand(B, W, device=dev, generator=g) * 10).sort(dim=1).values
         tokens = torch.randint(0, V, (B, W, L), device=dev, generator=g, dtype=torch.int32)
@@ -61,8 +63,10 @@ def main() -> None:
         args = (logits, scores, tokens, state, 2)
         got, exp = ops.beam_topk(*args), ref.beam_topk(*args)
         assert torch.equal(got[3], exp[3]) and torch.equal(got[1], exp[1]), "beam_topk differs from the reference"
-        nbytes = logits.numel() * logits.element_size() + 2 * state.numel() * state.element_size()
-        row("beam_topk", f"B={B} W={W} V={V} {str(dt)[6:]}", timeit(partial(ops.beam_topk, *args)),
+        # logits and state in, state out; scores, tokens and parents in and out
+        nbytes = (logits.numel() * logits.element_size() + 2 * state.numel() * state.element_size()
+                  + B * W * (2 * 4 + 2 * L * 4 + 4))
+        row("beam_topk", f"B={B} W={W} V={V} {str(dt)[6:]} D={D}", timeit(partial(ops.beam_topk, *args)),
             timeit(partial(ref.beam_topk, *args)), nbytes, bw)
 
     for B, W, L in [(1, 8, 5), (256, 64, 16)]:
@@ -80,7 +84,8 @@ def main() -> None:
                 timeit(partial(ref.tree_mask, parent, n, packed)), out_bytes + B * N * 4, bw)
 
     for B, W, L, V, dt in [(1, 8, 5, 128256, torch.bfloat16), (64, 8, 5, 128256, torch.bfloat16),
-                           (16, 64, 5, 32000, torch.float16)]:
+                           (16, 64, 5, 32000, torch.float16), (1, 64, 5, 128256, torch.bfloat16),
+                           (64, 64, 5, 128256, torch.bfloat16)]:
         beams = torch.randint(0, 4, (B, W, L), device=dev, generator=g, dtype=torch.int32)
         beam_node = ref.build_trie(beams)[3]
         N = 1 + W * (L - 1)
@@ -89,9 +94,10 @@ def main() -> None:
         logits = logits.to(dt)
         got, exp = ops.verify_greedy(logits, beams, beam_node), ref.verify_greedy(logits, beams, beam_node)
         assert all(torch.equal(a, b) for a, b in zip(got, exp)), "verify_greedy differs from the reference"
-        # the reference reads every node's logits; the kernel at least the accepted path's
+        # the accepted path's and the stop node's logits: what the lazy strategy reads (the kernel
+        # reads every referenced node instead when that is small: ~16 MB per depth)
         acc = exp[0].to(torch.int64)
-        nbytes = int((acc + 1).sum()) * V * logits.element_size()
+        nbytes = int((acc + 1).sum()) * V * logits.element_size() + 2 * beams.numel() * 4
         row("verify_greedy", f"B={B} W={W} L={L} V={V} {str(dt)[6:]}",
             timeit(partial(ops.verify_greedy, logits, beams, beam_node)),
             timeit(partial(ref.verify_greedy, logits, beams, beam_node)), nbytes, bw)
@@ -99,7 +105,9 @@ def main() -> None:
     for B, W, L, V, dt, (t, k, tp) in [(1, 8, 5, 128256, torch.bfloat16, (1.0, 0, 1.0)),
                                        (1, 8, 5, 128256, torch.bfloat16, (0.8, 50, 0.9)),
                                        (64, 8, 5, 128256, torch.bfloat16, (1.0, 0, 1.0)),
-                                       (16, 64, 5, 32000, torch.float16, (1.0, 0, 0.95))]:
+                                       (16, 64, 5, 32000, torch.float16, (1.0, 0, 0.95)),
+                                       (1, 64, 5, 128256, torch.bfloat16, (1.0, 0, 1.0)),
+                                       (64, 64, 5, 128256, torch.bfloat16, (0.8, 50, 0.9))]:
         beams = torch.randint(0, 4, (B, W, L), device=dev, generator=g, dtype=torch.int32)
         beam_node = ref.build_trie(beams)[3]
         N = 1 + W * (L - 1)

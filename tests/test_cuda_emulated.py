@@ -119,12 +119,18 @@ def test_tree_mask_padding_and_bad_parents(emu):
 def check_verify(emu, logits, beams, beam_node):
     exp = ref.verify_greedy(logits, beams, beam_node)
     B, W, L = beams.shape
-    for seed in seeds():
-        out = (i32(B), i32(B), i32(B, L), i32(B))
-        emu.set_seed(seed)
-        emu.verify_greedy(np_of(logits), KIND16[logits.dtype], np_of(beams), np_of(beam_node), *out)
-        for k, (a, b) in enumerate(zip(out, exp)):
-            assert torch.equal(torch.from_numpy(a), b), f"verify_greedy output {k} (seed {seed})\n{a}\n{b}"
+    try:
+        # both strategies: the per-node argmax (1) and the lazy depth-by-depth walk (2)
+        for strategy, seed in itertools.product((1, 2), seeds()):
+            out = (i32(B), i32(B), i32(B, L), i32(B))
+            emu.set_seed(seed)
+            emu.verify_greedy_set_strategy(strategy)
+            emu.verify_greedy(np_of(logits), KIND16[logits.dtype], np_of(beams), np_of(beam_node), *out)
+            for k, (a, b) in enumerate(zip(out, exp)):
+                assert torch.equal(torch.from_numpy(a), b), (
+                    f"verify_greedy output {k} (strategy {strategy}, seed {seed})\n{a}\n{b}")
+    finally:
+        emu.verify_greedy_set_strategy(0)
     return exp[0]
 
 
@@ -163,6 +169,33 @@ def test_verify_greedy_ties_nan_inf(emu, dtype):
     logits[1, 0, 2] = float("nan")
     logits[2, :, :] = float("-inf")
     check_verify(emu, logits, beams, beam_node)
+
+
+def test_verify_greedy_arbitrary_nodes(emu):
+    # beam_node need not come from build_trie: nodes shared by unrelated beams, repeated along a beam,
+    # the same prefix on different nodes (the lazy walk then has several nodes per depth)
+    g = gen(41)
+    B, W, L, V = 3, 6, 5, 7
+    N = ref.num_nodes_max(W, L)
+    for _ in range(4):
+        beams = torch.randint(0, 3, (B, W, L), generator=g, dtype=torch.int32)
+        beam_node = torch.randint(0, 9, (B, W, L), generator=g, dtype=torch.int32)  # few nodes: sharing
+        logits = torch.randint(0, 3, (B, N, V), generator=g).float()
+        logits[:, :, 0] += 2  # token 0 is often the argmax: walks go deep
+        check_verify(emu, logits, beams, beam_node)
+    # out of range nodes count as argmax -1 (the reference cannot take them): both strategies agree
+    beam_node[0, 2, 1] = N + 4
+    beam_node[1, :, 0] = -3
+    outs = []
+    for strategy in (1, 2):
+        out = (i32(B), i32(B), i32(B, L), i32(B))
+        emu.verify_greedy_set_strategy(strategy)
+        emu.verify_greedy(np_of(logits), 0, np_of(beams), np_of(beam_node), *out)
+        outs.append(out)
+    emu.verify_greedy_set_strategy(0)
+    for a, b in zip(*outs):
+        assert np.array_equal(a, b)
+    assert outs[0][0][1] == 0 and outs[0][3][1] == -1
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,32 +1,41 @@
-// beam_topk: log-softmax + running score + top-W over W*V + reorder by parent, in three launches
+// beam_topk: log-softmax + running score + top-W over W*V + reorder by parent, in four launches
 // and one pass over the logits (no [B, W, V] intermediate):
-//  1. split (grid R x P, R = B*W rows, P splits of V): per split, the online max and sum of
-//     exp(x - max), and the split's K = W + 8 best logits by (x desc, index asc) (radix select on
-//     the float's order key, then an ordered ballot compaction: output in index order).
+//  1. split (grid R x P, R = B*W rows, P splits of V, P chosen so that R*P >= 264 CTAs where V
+//     allows): one pass over the split with 16-byte loads that keeps the online max and sum of
+//     exp(x - max) and stages the elements' order keys in shared memory; then the split's
+//     K = W + 8 best logits by (x desc, index asc) from shared memory (radix select on the order
+//     key with a parallel digit search, then an ordered ballot compaction: output in index order).
 //  2. row (grid R): the row's max M and log-sum-exp from the split statistics, the candidate value
 //     f = s + ((x - M) - logsum) exactly as the reference computes it, and the row's top
 //     C = min(W, V) by (f desc, index asc). f is monotone in x but rounding can make f equal for
 //     different x, and equal f are ordered by index: when a split that dropped elements has its
 //     K-th logit's f equal to the C-th selected f, a dropped element could tie it, and the row
-//     is selected again exactly over all V (rare). Rows whose log-softmax is NaN (a NaN or +inf
-//     logit, all -inf) or whose score is -inf take their first C indices, like the stable sort.
+//     is selected again exactly over all V (rare: ~8 more passes over that row). Rows whose
+//     log-softmax is NaN (a NaN or +inf logit, all -inf) or whose score is -inf take their first
+//     C indices, like the stable sort.
 //  3. merge (grid B): top-W of the W*C candidates by (f desc, flat index w*V + v asc), sorted,
-//     then the gather of token history and state rows from the parent beams.
+//     scores, parents and token histories.
+//  4. gather (grid B*W x pieces of 4 KB): state rows copied from their parent beams in 16-byte
+//     words (4 or 1 when unaligned).
 // The block-wide selection (block_select) is exact for any keys: radix select of the k-th largest
 // 32-bit key (4 passes of 8 bits, shared-memory histogram), then every key above it and the
-// lowest-positioned keys equal to it, in position order.
+// lowest-positioned keys equal to it, in position order. Global bound: one read of the logits
+// and the state, one write of the state; the split/row workspace adds R*P*(W+8)*8 bytes each way.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
 namespace redrafter::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // block_select's digit search needs exactly 256 threads (one per bin)
 constexpr int kSlack = 8;
 constexpr int kItems = 8;  // positions per thread in block_select's ordered compaction
 constexpr int64_t kTargetCtas = 264;  // ~2 waves of CTAs on a 132-SM GPU
 constexpr int64_t kMinChunk = 2048;
-constexpr int64_t kMaxCandBytes = 32 * 1024;  // row kernel: candidates staged in shared memory
+constexpr int64_t kMaxChunk = 8192;            // split keys staged in shared memory: 32 KB
+constexpr int64_t kMaxCandBytes = 128 * 1024;  // row kernel: candidates staged in shared memory
+constexpr int64_t kMaxSmem = 160 * 1024;       // below sm_80's 163 KB opt-in limit
+constexpr int64_t kGatherUnits = kThreads;     // 16-byte words per gather CTA (4 KB)
 
 struct Plan {
   int64_t R, P, chunk, K, C;
@@ -40,9 +49,10 @@ __host__ __device__ inline Plan make_plan(int64_t B, int64_t W, int64_t V) {
   int64_t P = (kTargetCtas + p.R - 1) / p.R;
   int64_t chunk = (V + P - 1) / P;
   if (chunk < kMinChunk) chunk = kMinChunk;
+  if (chunk > kMaxChunk) chunk = kMaxChunk;
   P = (V + chunk - 1) / chunk;
   const int64_t cap = kMaxCandBytes / (8 * p.K);
-  if (P > cap) {
+  if (P > cap) {  // very wide beams: fewer, longer splits (run() checks the shared memory)
     P = cap < 1 ? 1 : cap;
     chunk = (V + P - 1) / P;
     P = (V + chunk - 1) / chunk;
@@ -115,21 +125,21 @@ __device__ uint32_t block_select(const KeyFn& key, int64_t n, int k, int* sm, in
   uint32_t prefix = 0, pmask = 0;
   int need = k;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    hist[threadIdx.x] = 0;
     __syncthreads();
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const uint32_t u = key(i);
       if ((u & pmask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int cum = 0, d = 255;
-      for (; d > 0; --d) {
-        if (cum + static_cast<int>(hist[d]) >= need) break;
-        cum += static_cast<int>(hist[d]);
-      }
+    // thread t owns digit 255 - t: keys with a larger digit come first; the digit holding the
+    // need-th key is the one whose exclusive count is < need <= inclusive count
+    const int d = 255 - static_cast<int>(threadIdx.x), c = static_cast<int>(hist[d]);
+    int total = 0;
+    const int above = block_prefix_sum(c, scratch, &total);
+    if (above < need && need <= above + c) {
       scratch[32] = d;
-      scratch[33] = need - cum;
+      scratch[33] = need - above;
     }
     __syncthreads();
     prefix |= static_cast<uint32_t>(scratch[32]) << shift;
@@ -169,25 +179,26 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) split_kernel(const T* __restrict__ logits, int64_t V, Plan p, Work wk) {
   const int64_t r = blockIdx.x, s = blockIdx.y;
   const int64_t lo = s * p.chunk, n = (lo + p.chunk < V ? lo + p.chunk : V) - lo;
-  const T* row = logits + r * V + lo;
   int* sm = dynamic_smem<int>();
   double* red = reinterpret_cast<double*>(sm + kSelectInts + 2);  // [32] (8-byte aligned)
   int32_t* sel = reinterpret_cast<int32_t*>(red + 32);            // [K]
+  uint32_t* keys = reinterpret_cast<uint32_t*>(sel + p.K);        // [chunk] order keys
 
-  // online max and sum of exp(x - max) per thread
-  float m = neg_inf(), sum = 0.0f;
+  // one pass: order keys into shared memory, online max and sum of exp(x - max) per thread
+  float m = neg_inf();
+  double sum = 0.0;
   bool nan = false;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float x = to_float(row[i]);
+  block_for_each(logits + r * V, lo, lo + n, [&](int64_t i, float x) {
+    keys[i - lo] = order_key(x);
     if (is_nan(x)) {
       nan = true;
     } else if (x > m) {
-      sum = (m == neg_inf() ? 0.0f : sum * expf(m - x)) + 1.0f;
+      sum = (m == neg_inf() ? 0.0 : sum * exp(static_cast<double>(m) - static_cast<double>(x))) + 1.0;
       m = x;
     } else if (x > neg_inf()) {
-      sum += expf(x - m);
+      sum += static_cast<double>(expf(x - m));
     }
-  }
+  });
   // block max, then the block sum rescaled to it (in double)
   float bm = m;
   for (int off = 16; off > 0; off >>= 1) {
@@ -199,29 +210,29 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const T* __restrict__ l
   bm = neg_inf();
   for (unsigned w = 0; w < (blockDim.x >> 5); ++w) bm = red[w] > bm ? static_cast<float>(red[w]) : bm;
   __syncthreads();
-  double part = m > neg_inf() ? static_cast<double>(sum) * exp(static_cast<double>(m) - static_cast<double>(bm)) : 0.0;
+  double part = m > neg_inf() ? sum * exp(static_cast<double>(m) - static_cast<double>(bm)) : 0.0;
   for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFullMask, part, off);
   if (lane_id() == 0) red[threadIdx.x >> 5] = part;
-  const bool any_nan = __syncthreads_or(nan);
+  const bool any_nan = __syncthreads_or(nan);  // also publishes the keys
   const int64_t at = r * p.P + s;
   if (threadIdx.x == 0) {
     double total = 0.0;
     for (unsigned w = 0; w < (blockDim.x >> 5); ++w) total += red[w];
-    wk.sp_m[at] = bm;
-    wk.sp_s[at] = total;
-    wk.sp_nan[at] = any_nan;
+    st_global(wk.sp_m + at, bm);
+    st_global(wk.sp_s + at, total);
+    st_global(wk.sp_nan + at, static_cast<int32_t>(any_nan));
   }
 
-  // the split's k best logits by (x desc, index asc), in index order
+  // the split's k best logits by (x desc, index asc), in index order, from shared memory
   const int k = static_cast<int>(p.K < n ? p.K : n);
-  const uint32_t thr = block_select([&](int64_t i) { return order_key(to_float(row[i])); }, n, k, sm, sel);
+  const uint32_t thr = block_select([&](int64_t i) { return keys[i]; }, n, k, sm, sel);
   for (int j = threadIdx.x; j < k; j += blockDim.x) {
-    wk.sp_x[at * p.K + j] = to_float(row[sel[j]]);
-    wk.sp_i[at * p.K + j] = static_cast<int32_t>(lo + sel[j]);
+    st_global(wk.sp_x + at * p.K + j, key_to_float(keys[sel[j]]));
+    st_global(wk.sp_i + at * p.K + j, static_cast<int32_t>(lo + sel[j]));
   }
   if (threadIdx.x == 0) {
-    wk.sp_cnt[at] = k;
-    wk.sp_thr[at] = key_to_float(thr);
+    st_global(wk.sp_cnt + at, static_cast<int32_t>(k));
+    st_global(wk.sp_thr + at, key_to_float(thr));
   }
 }
 
@@ -238,22 +249,24 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const T* __restrict__ log
   int32_t* sel = off + p.P + 1;                               // [C]
   float* cf = reinterpret_cast<float*>(sel + C);              // [P * K]
   int32_t* ci = reinterpret_cast<int32_t*>(cf + p.P * p.K);   // [P * K]
-  const float s = scores[r];
+  const float s = ld_global(scores + r);
   const int64_t base = r * p.P;
   enum { kNormal = 0, kAllNan = 1, kAllNegInf = 2, kExact = 3 };
   if (threadIdx.x == 0) {
     float M = neg_inf();
     bool nan = false;
     for (int64_t q = 0; q < p.P; ++q) {
-      M = wk.sp_m[base + q] > M ? wk.sp_m[base + q] : M;
-      nan |= wk.sp_nan[base + q] != 0;
+      const float mq = ld_global(wk.sp_m + base + q);
+      M = mq > M ? mq : M;
+      nan |= ld_global(wk.sp_nan + base + q) != 0;
     }
     double total = 0.0;
     int32_t n = 0;
     for (int64_t q = 0; q < p.P; ++q) {
-      if (wk.sp_m[base + q] > neg_inf()) total += wk.sp_s[base + q] * exp(static_cast<double>(wk.sp_m[base + q]) - M);
+      const float mq = ld_global(wk.sp_m + base + q);
+      if (mq > neg_inf()) total += ld_global(wk.sp_s + base + q) * exp(static_cast<double>(mq) - M);
       off[q] = n;
-      n += wk.sp_cnt[base + q];
+      n += ld_global(wk.sp_cnt + base + q);
     }
     off[p.P] = n;
     const float logsum = static_cast<float>(log(total));
@@ -276,17 +289,17 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const T* __restrict__ log
   const int n = sm[kSelectInts + 3];
   if (mode == kAllNan || mode == kAllNegInf) {
     for (int j = threadIdx.x; j < C; j += blockDim.x) {
-      wk.row_f[r * W + j] = mode == kAllNan ? quiet_nan() : neg_inf();
-      wk.row_i[r * W + j] = j;
+      st_global(wk.row_f + r * W + j, mode == kAllNan ? quiet_nan() : neg_inf());
+      st_global(wk.row_i + r * W + j, static_cast<int32_t>(j));
     }
     return;  // uniform: no barrier follows for anyone
   }
   if (mode == kNormal) {
     for (int64_t e = threadIdx.x; e < p.P * p.K; e += blockDim.x) {
       const int64_t q = e / p.K, j = e % p.K;
-      if (j < wk.sp_cnt[base + q]) {
-        cf[off[q] + j] = candidate(s, wk.sp_x[(base + q) * p.K + j], M, logsum);
-        ci[off[q] + j] = wk.sp_i[(base + q) * p.K + j];
+      if (j < off[q + 1] - off[q]) {
+        cf[off[q] + j] = candidate(s, ld_global(wk.sp_x + (base + q) * p.K + j), M, logsum);
+        ci[off[q] + j] = ld_global(wk.sp_i + (base + q) * p.K + j);
       }
     }
     __syncthreads();
@@ -296,12 +309,13 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const T* __restrict__ log
     bool tie = false;
     for (int64_t q = threadIdx.x; q < p.P; q += blockDim.x) {
       const int64_t len = (q + 1) * p.chunk < V ? p.chunk : V - q * p.chunk;
-      if (wk.sp_cnt[base + q] < len && order_key(candidate(s, wk.sp_thr[base + q], M, logsum)) >= thr) tie = true;
+      if (off[q + 1] - off[q] < len && order_key(candidate(s, ld_global(wk.sp_thr + base + q), M, logsum)) >= thr)
+        tie = true;
     }
     if (!__syncthreads_or(tie)) {
       for (int j = threadIdx.x; j < C; j += blockDim.x) {
-        wk.row_f[r * W + j] = cf[sel[j]];
-        wk.row_i[r * W + j] = ci[sel[j]];
+        st_global(wk.row_f + r * W + j, cf[sel[j]]);
+        st_global(wk.row_i + r * W + j, ci[sel[j]]);
       }
       return;
     }
@@ -309,29 +323,34 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const T* __restrict__ log
   }
   // exact selection over the whole row (rare)
   const T* row = logits + r * V;
-  block_select([&](int64_t i) { return order_key(candidate(s, to_float(row[i]), M, logsum)); }, V, C, sm, sel);
+  block_select([&](int64_t i) { return order_key(candidate(s, to_float(ld_global(row + i)), M, logsum)); }, V, C,
+               sm, sel);
   for (int j = threadIdx.x; j < C; j += blockDim.x) {
-    wk.row_f[r * W + j] = candidate(s, to_float(row[sel[j]]), M, logsum);
-    wk.row_i[r * W + j] = sel[j];
+    st_global(wk.row_f + r * W + j, candidate(s, to_float(ld_global(row + sel[j])), M, logsum));
+    st_global(wk.row_i + r * W + j, sel[j]);
   }
 }
 
-// ---- 3. merge + gather ----------------------------------------------------------------------
+// ---- 3. merge, 4. gather ----------------------------------------------------------------------
 
 template <typename I>
-__global__ void __launch_bounds__(kThreads) merge_kernel(const I* __restrict__ tokens, const unsigned char* __restrict__ state,
-                             int64_t state_row_bytes, int64_t W, int64_t V, int64_t L, int64_t step, Plan p, Work wk,
-                             float* __restrict__ scores_out, int32_t* __restrict__ tokens_out,
-                             unsigned char* __restrict__ state_out, int32_t* __restrict__ parent_out) {
+__global__ void __launch_bounds__(kThreads)
+    merge_kernel(const I* __restrict__ tokens, int64_t W, int64_t L, int64_t step, Plan p, Work wk, bool staged,
+                 float* __restrict__ scores_out, int32_t* __restrict__ tokens_out, int32_t* __restrict__ parent_out) {
   const int64_t b = blockIdx.x;
   const int64_t C = p.C, n = W * C;
   int* sm = dynamic_smem<int>();
   int32_t* sel = sm + kSelectInts;  // [W] selected positions w*C + j, increasing
   int32_t* order = sel + W;         // [W] the same, sorted by (f desc, flat index asc)
+  uint32_t* keys = reinterpret_cast<uint32_t*>(order + W);  // [W*C] when staged
   const float* f = wk.row_f + b * W * W;
   const int32_t* idx = wk.row_i + b * W * W;
   // position w*C + j -> the row's j-th candidate; positions increase with the flat index
-  auto key = [&](int64_t i) { return order_key(f[(i / C) * W + i % C]); };
+  if (staged) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) keys[i] = order_key(ld_global(f + (i / C) * W + i % C));
+    __syncthreads();
+  }
+  auto key = [&](int64_t i) { return staged ? keys[i] : order_key(ld_global(f + (i / C) * W + i % C)); };
   block_select(key, n, static_cast<int>(W), sm, sel);
   for (int64_t j = threadIdx.x; j < W; j += blockDim.x) {
     const uint32_t kj = key(sel[j]);
@@ -345,26 +364,37 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const I* __restrict__ t
   __syncthreads();
   for (int64_t j = threadIdx.x; j < W; j += blockDim.x) {
     const int64_t pos = order[j], w = pos / C, c = pos % C;
-    scores_out[b * W + j] = f[w * W + c];
-    parent_out[b * W + j] = static_cast<int32_t>(w);
+    st_global(scores_out + b * W + j, ld_global(f + w * W + c));
+    st_global(parent_out + b * W + j, static_cast<int32_t>(w));
   }
   for (int64_t e = threadIdx.x; e < W * L; e += blockDim.x) {
     const int64_t j = e / L, t = e % L, pos = order[j], w = pos / C;
-    tokens_out[(b * W + j) * L + t] =
-        t == step ? idx[w * W + pos % C] : static_cast<int32_t>(tokens[(b * W + w) * L + t]);
+    st_global(tokens_out + (b * W + j) * L + t, t == step ? ld_global(idx + w * W + pos % C)
+                                                          : static_cast<int32_t>(ld_global(tokens + (b * W + w) * L + t)));
   }
-  const bool words = state_row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(state) % 4 == 0 &&
-                     reinterpret_cast<uintptr_t>(state_out) % 4 == 0;
-  const int64_t unit = words ? 4 : 1, per_row = state_row_bytes / unit;
-  for (int64_t e = threadIdx.x; e < W * per_row; e += blockDim.x) {
-    const int64_t j = e / per_row, k = e % per_row, w = order[j] / C;
-    const int64_t dst = (b * W + j) * state_row_bytes + k * unit, src = (b * W + w) * state_row_bytes + k * unit;
-    if (words) {
-      *reinterpret_cast<uint32_t*>(state_out + dst) = *reinterpret_cast<const uint32_t*>(state + src);
-    } else {
-      state_out[dst] = state[src];
-    }
-  }
+}
+
+// state_out[row] = state[b * W + parent[row]] in words of U (16, 4 or 1 bytes), kGatherUnits words
+// per CTA: grid (B*W) x pieces.
+template <typename U>
+__global__ void __launch_bounds__(kThreads)
+    gather_kernel(const U* __restrict__ state, int64_t units, int64_t W, int64_t pieces,
+                  const int32_t* __restrict__ parent, U* __restrict__ state_out) {
+  const int64_t row = blockIdx.x / pieces, piece = blockIdx.x % pieces;
+  const int64_t src = (row / W) * W + ld_global(parent + row);  // parent in [0, W): merge wrote it
+  const int64_t lo = piece * kGatherUnits, hi = lo + kGatherUnits < units ? lo + kGatherUnits : units;
+  const U* in = state + src * units;
+  U* out = state_out + row * units;
+  for (int64_t k = lo + threadIdx.x; k < hi; k += blockDim.x) st_global(out + k, ld_global(in + k));
+}
+
+template <typename U>
+cudaError_t gather(const void* state, int64_t row_bytes, int64_t B, int64_t W, const int32_t* parent,
+                   void* state_out, cudaStream_t stream) {
+  const int64_t units = row_bytes / static_cast<int64_t>(sizeof(U)), pieces = (units + kGatherUnits - 1) / kGatherUnits;
+  return launch_kernel("beam_topk.gather", gather_kernel<U>, dim3(static_cast<unsigned>(B * W * pieces)),
+                       dim3(kThreads), 0, stream, static_cast<const U*>(state), units, W, pieces, parent,
+                       static_cast<U*>(state_out));
 }
 
 template <typename T, typename I>
@@ -375,17 +405,30 @@ cudaError_t run(const void* logits, const float* scores, const void* tokens, con
   const Work wk = carve(workspace, p, W);
   const T* x = static_cast<const T*>(logits);
   const size_t select_bytes = kSelectInts * 4 + 16;
-  cudaError_t e = launch_kernel(split_kernel<T>, dim3(static_cast<unsigned>(p.R), static_cast<unsigned>(p.P)),
-                                dim3(kThreads), select_bytes + 32 * 8 + p.K * 4, stream, x, V, p, wk);
-  if (e != cudaSuccess) return e;
+  const size_t split_bytes = select_bytes + 32 * 8 + p.K * 4 + p.chunk * 4;
   const size_t row_bytes = select_bytes + (p.P + 1 + p.C) * 4 + 2 * p.P * p.K * 4 + 16;
-  e = launch_kernel(row_kernel<T>, dim3(static_cast<unsigned>(p.R)), dim3(kThreads), row_bytes, stream, x, scores,
-                    V, W, p, wk);
+  if (split_bytes > kMaxSmem || row_bytes > kMaxSmem) return cudaErrorInvalidValue;  // W ~ V / 16 and beyond
+  cudaError_t e = launch_kernel("beam_topk.split", split_kernel<T>,
+                                dim3(static_cast<unsigned>(p.R), static_cast<unsigned>(p.P)), dim3(kThreads),
+                                split_bytes, stream, x, V, p, wk);
   if (e != cudaSuccess) return e;
-  return launch_kernel(merge_kernel<I>, dim3(static_cast<unsigned>(B)), dim3(kThreads), select_bytes + 2 * W * 4,
-                       stream, static_cast<const I*>(tokens), static_cast<const unsigned char*>(state),
-                       state_row_bytes, W, V, L, step, p, wk, scores_out, tokens_out,
-                       static_cast<unsigned char*>(state_out), parent_out);
+  e = launch_kernel("beam_topk.row", row_kernel<T>, dim3(static_cast<unsigned>(p.R)), dim3(kThreads), row_bytes,
+                    stream, x, scores, V, W, p, wk);
+  if (e != cudaSuccess) return e;
+  const size_t merge_base = select_bytes + 2 * W * 4, merge_staged = merge_base + W * p.C * 4;
+  const bool staged = merge_staged <= static_cast<size_t>(kMaxSmem);
+  e = launch_kernel("beam_topk.merge", merge_kernel<I>, dim3(static_cast<unsigned>(B)), dim3(kThreads),
+                    staged ? merge_staged : merge_base, stream, static_cast<const I*>(tokens), W, L, step, p, wk,
+                    staged, scores_out, tokens_out, parent_out);
+  if (e != cudaSuccess || state_row_bytes == 0) return e;
+  const uintptr_t both = reinterpret_cast<uintptr_t>(state) | reinterpret_cast<uintptr_t>(state_out);
+  if (state_row_bytes % 16 == 0 && both % 16 == 0) {
+    return gather<uint4>(state, state_row_bytes, B, W, parent_out, state_out, stream);
+  }
+  if (state_row_bytes % 4 == 0 && both % 4 == 0) {
+    return gather<uint32_t>(state, state_row_bytes, B, W, parent_out, state_out, stream);
+  }
+  return gather<unsigned char>(state, state_row_bytes, B, W, parent_out, state_out, stream);
 }
 
 template <typename T>

@@ -37,6 +37,37 @@ cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 
+// The same launch with a name: the emulator's traffic report lists the launch under it (nvcc: the
+// name is unused).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes,
+                          cudaStream_t stream, Args... args) {
+#ifdef REDRAFTER_EMULATE
+  ::redrafter_emu::traffic_name_next(name);
+#else
+  (void)name;
+#endif
+  return launch_kernel(kernel, grid, block, smem_bytes, stream, args...);
+}
+
+// Global-memory access helpers. Kernels that go through them (verify_greedy, verify_sample,
+// beam_topk) have their traffic counted by the emulator (bytes per width, per buffer, per launch:
+// bench/traffic.py) and their alignment checked; under nvcc they are plain loads and stores.
+template <typename T>
+__device__ __forceinline__ T ld_global(const T* p) {
+#ifdef REDRAFTER_EMULATE
+  ::redrafter_emu::global_access(p, sizeof(T), alignof(T), false);
+#endif
+  return *p;
+}
+template <typename T>
+__device__ __forceinline__ void st_global(T* p, const T& v) {
+#ifdef REDRAFTER_EMULATE
+  ::redrafter_emu::global_access(p, sizeof(T), alignof(T), true);
+#endif
+  *p = v;
+}
+
 constexpr unsigned kFullMask = 0xffffffffu;
 
 struct Half {
@@ -68,6 +99,54 @@ __device__ __forceinline__ float to_float(Half x) {
 }
 
 __device__ __forceinline__ bool is_nan(float x) { return x != x; }
+
+// Element j of a 16-byte word holding 16 / sizeof(T) consecutive elements (little-endian).
+template <typename T>
+__device__ __forceinline__ float vec_elem(const uint4& v, int j) {
+  const uint32_t w = j * int(sizeof(T)) / 4 == 0 ? v.x : j * int(sizeof(T)) / 4 == 1 ? v.y
+                   : j * int(sizeof(T)) / 4 == 2 ? v.z : v.w;
+  if constexpr (sizeof(T) == 4) {
+    return bits_to_float(w);
+  } else {
+    return to_float(T{static_cast<uint16_t>(w >> (16 * (j & 1)))});
+  }
+}
+
+// Calls f(i, x) for every element i in [lo, hi) of `base` (x = to_float(base[i])), the block's
+// threads striding over 16-byte words: elements before the first 16-byte boundary and after the
+// last are loaded singly, the rest as 16-byte words, four words in flight per thread. The order in
+// which one thread sees its elements is not the index order.
+template <typename T, typename F>
+__device__ __forceinline__ void block_for_each(const T* __restrict__ base, int64_t lo, int64_t hi, F&& f) {
+  constexpr int64_t E = 16 / static_cast<int64_t>(sizeof(T));
+  const int64_t n = hi - lo;
+  const int64_t mis = static_cast<int64_t>((reinterpret_cast<uintptr_t>(base + lo) & 15u) / sizeof(T));
+  int64_t head = mis == 0 ? 0 : E - mis;
+  head = head < n ? head : n;
+  const int64_t vlo = lo + head, nvec = (hi - vlo) / E, vhi = vlo + nvec * E;
+  const int64_t t = threadIdx.x, bd = blockDim.x;
+  if (t < head) f(lo + t, to_float(ld_global(base + lo + t)));
+  if (t < hi - vhi) f(vhi + t, to_float(ld_global(base + vhi + t)));
+  const uint4* vp = reinterpret_cast<const uint4*>(base + vlo);
+  int64_t k = t;
+  for (; k + 3 * bd < nvec; k += 4 * bd) {
+    const uint4 a = ld_global(vp + k), b = ld_global(vp + k + bd), c = ld_global(vp + k + 2 * bd),
+                d = ld_global(vp + k + 3 * bd);
+#pragma unroll
+    for (int j = 0; j < E; ++j) f(vlo + k * E + j, vec_elem<T>(a, j));
+#pragma unroll
+    for (int j = 0; j < E; ++j) f(vlo + (k + bd) * E + j, vec_elem<T>(b, j));
+#pragma unroll
+    for (int j = 0; j < E; ++j) f(vlo + (k + 2 * bd) * E + j, vec_elem<T>(c, j));
+#pragma unroll
+    for (int j = 0; j < E; ++j) f(vlo + (k + 3 * bd) * E + j, vec_elem<T>(d, j));
+  }
+  for (; k < nvec; k += bd) {
+    const uint4 a = ld_global(vp + k);
+#pragma unroll
+    for (int j = 0; j < E; ++j) f(vlo + k * E + j, vec_elem<T>(a, j));
+  }
+}
 
 // A float's position in the order of torch.sort(descending=True): larger floats give larger keys,
 // every NaN the largest key (NaNs compare equal, so the index breaks their ties).

@@ -40,11 +40,16 @@ int64_t build_trie_max_beam_tokens();
 // verify_greedy: logits [B, n_logit_rows, V] (logits_type), beams and beam_node [B, W, L]
 // (index_type) -> accept_len, best_beam, next_token [B], path_nodes [B, L], all i32. A beam_node
 // outside [0, n_logit_rows) counts as a node whose argmax is -1: acceptance stops there (and a
-// next_token taken there is -1).
+// next_token taken there is -1). workspace: verify_greedy_workspace_bytes(...) bytes of device
+// memory (8-byte aligned; per-chunk argmax keys and per-beam walk state).
+size_t verify_greedy_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, int64_t W, FloatType logits_type);
+// For tests and benchmarks: 0 picks the strategy by size (default), 1 forces the per-node argmax,
+// 2 the lazy depth-by-depth walk. Not thread safe; the launchers never call it.
+void verify_greedy_set_strategy(int strategy);
 cudaError_t verify_greedy(const void* logits, FloatType logits_type, int64_t n_logit_rows, int64_t V,
                           const void* beams, const void* beam_node, IndexType index_type, int64_t B, int64_t W,
                           int64_t L, int32_t* accept_len, int32_t* best_beam, int32_t* path_nodes,
-                          int32_t* next_token, cudaStream_t stream);
+                          int32_t* next_token, void* workspace, cudaStream_t stream);
 
 // kv_compact, in place: kv [n_layers*2, B, H, S, slot_bytes bytes], cache_len [B] i32,
 // path_nodes [B, L] and accept_len [B] (index_type). A row whose values are out of range
@@ -70,14 +75,15 @@ cudaError_t kv_compact_paged(void* kv_pages, int64_t n_layers, int64_t num_block
 // verify_sample (exact sampling, docs/verify_sample_cuda_notes.md): logits [B, n_logit_rows, V]
 // (logits_type), beams and beam_node [B, W, L] (index_type), accept_u [B, L-1, W] f32, sample_u [B]
 // f32 -> accept_len, best_beam, next_token [B], path_nodes [B, L], all i32. temperature == 0 runs
-// verify_greedy (the uniforms are not read); otherwise workspace is verify_sample_workspace_bytes(B, V)
-// bytes of device memory (8-byte aligned). Out-of-range values: a child node outside
+// verify_greedy (the uniforms are not read). workspace: verify_sample_workspace_bytes(B,
+// n_logit_rows, V, W, logits_type, temperature) bytes of device memory (8-byte aligned). Out-of-range values: a child node outside
 // [0, n_logit_rows) or a draft token outside [0, V) is rejected; a root node outside the logits stops
 // the row at once with next_token -1; uniforms are used as they are (a NaN rejects, an
 // out-of-range one biases but never indexes: the sampled token is always a positive-weight index, or
 // 0 when no weight is positive).
 namespace redrafter::cuda {
-size_t verify_sample_workspace_bytes(int64_t B, int64_t V);
+size_t verify_sample_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, int64_t W, FloatType logits_type,
+                                     double temperature);
 cudaError_t verify_sample(const void* logits, FloatType logits_type, int64_t n_logit_rows, int64_t V,
                           const void* beams, const void* beam_node, IndexType index_type, int64_t B, int64_t W,
                           int64_t L, const float* accept_u, const float* sample_u, double temperature, int64_t top_k,

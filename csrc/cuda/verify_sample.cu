@@ -1,12 +1,14 @@
 // verify_sample: exact sampling by recursive rejection over the trie (docs/verify_sample_cuda_notes.md).
 // One CTA per batch row. The walk over depths is sequential and block-uniform (every thread makes
 // the same decisions from the same broadcast values); the V-wide work of each visited node is
-// block-parallel: the processed distribution p (temperature, top-k by radix select on the logits'
-// order keys, top-p by a search on the probabilities' bits) is written once per node into a
-// float64 workspace row, children are tried against block sums of it, and the next token comes from
-// an inverse-CDF scan over per-thread contiguous chunks. Arithmetic is float64 like the reference;
-// only the order of the sums differs (block reductions instead of index-order sequential sums),
-// which moves a decision only when a uniform lies within ~1e-15 (relative) of its threshold.
+// block-parallel and never materialises p: one pass over the logits (16-byte loads) gives the max
+// and the sum of exp(x - max), p(v) is recomputed from the logit wherever needed (top-k by radix
+// select on the logits' order keys, top-p by a search on the probabilities' bits, when enabled). A
+// child is tried against its drafted token's p alone: the remaining mass starts at 1 and drops by
+// each rejected p(t) (summed again over the row only when the subtraction cancels > 10 bits). The
+// next token comes from an inverse-CDF scan in index order that stops at the crossing. Arithmetic
+// is float64 like the reference; only the order of the sums differs, which moves a decision only
+// when a uniform lies within ~1e-13 (relative) of its threshold.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -47,8 +49,6 @@ __device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(
 
 __device__ __forceinline__ double inf_d() { return bits_to_double(0x7ff0000000000000ull); }
 __device__ __forceinline__ bool isnan_d(double x) { return x != x; }
-// NaN-propagating max (torch.amax)
-__device__ __forceinline__ double max_nan(double a, double b) { return (isnan_d(a) || a > b) ? a : b; }
 // order key of a probability (>= 0 or NaN; NaN only when every p is NaN, then unused): its bits
 __device__ __forceinline__ uint64_t prob_key(double p) { return p > 0.0 ? double_to_bits(p) : 0ull; }
 
@@ -64,7 +64,14 @@ struct Smem {
   int hist[256];      // radix-select histogram
   int cnt[32];        // block_prefix_sum scratch
   int64_t pick;       // index chosen by one thread, broadcast
+  double bval[2];     // values read by thread 0, broadcast
+  int32_t n_rej;      // rejected children at the current node
 };
+// followed in dynamic shared memory by: int64_t nodes[W*L], toks[W*L] (when staged), the rejected
+// tokens int64_t rej[W], and a bitmap of rejected tokens uint32_t bits[ceil(V/32)] (when V <= kMaxBitmapV)
+
+constexpr int64_t kMaxBitmapV = 1 << 18;   // 32 KB of bits
+constexpr int64_t kMaxStagedBytes = 96 * 1024;
 
 // Block-wide reductions: the result is the same in every thread (xor butterflies are symmetric,
 // warps are combined in a fixed order), so decisions taken on it are block-uniform. Every thread
@@ -76,17 +83,6 @@ __device__ double block_sum(double v, Smem& s) {
   __syncthreads();
   double r = 0.0;
   for (unsigned w = 0; w < n_warps; ++w) r += s.red[w];
-  __syncthreads();
-  return r;
-}
-
-__device__ double block_max(double v, Smem& s) {
-  for (int off = 16; off > 0; off >>= 1) v = max_nan(v, __shfl_xor_sync(kFullMask, v, off));
-  const unsigned warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  if (lane_id() == 0) s.red[warp] = v;
-  __syncthreads();
-  double r = s.red[0];
-  for (unsigned w = 1; w < n_warps; ++w) r = max_nan(r, s.red[w]);
   __syncthreads();
   return r;
 }
@@ -112,8 +108,9 @@ __device__ int64_t block_reduce(int64_t v, Smem& s) {
   return r;
 }
 
-// Exclusive prefix sum of v over the threads in threadIdx.x order.
-__device__ double block_exclusive_scan(double v, Smem& s) {
+// Exclusive prefix sum of v over the threads in threadIdx.x order, and the block total (the last
+// thread's inclusive sum: the same additions as the prefixes).
+__device__ double block_exclusive_scan(double v, Smem& s, double* total) {
   double incl = v;
   for (int d = 1; d < 32; d <<= 1) {
     const double o = __shfl_up_sync(kFullMask, incl, d);
@@ -121,16 +118,20 @@ __device__ double block_exclusive_scan(double v, Smem& s) {
   }
   double excl = __shfl_up_sync(kFullMask, incl, 1);
   if (lane_id() == 0) excl = 0.0;
-  const unsigned warp = threadIdx.x >> 5;
+  const unsigned warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   if (lane_id() == 31) s.red[warp] = incl;
   __syncthreads();
-  double before = 0.0;
-  for (unsigned w = 0; w < warp; ++w) before += s.red[w];
+  double before = 0.0, all = 0.0;
+  for (unsigned w = 0; w < n_warps; ++w) {
+    before += w < warp ? s.red[w] : 0.0;
+    all = w == 0 ? s.red[0] : all + s.red[w];
+  }
   __syncthreads();
+  *total = all;
   return before + excl;
 }
 
-// This thread's contiguous chunk [lo, hi) of [0, V) (the scans walk chunks in index order).
+// This thread's contiguous chunk [lo, hi) of [0, V) (index-order scans).
 __device__ __forceinline__ void chunk_of(int64_t V, int64_t* lo, int64_t* hi) {
   const int64_t n = (V + blockDim.x - 1) / blockDim.x;
   *lo = threadIdx.x * n < V ? threadIdx.x * n : V;
@@ -146,10 +147,10 @@ __device__ uint32_t kth_largest_key(const T* __restrict__ row, int64_t V, int64_
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (unsigned i = threadIdx.x; i < 256; i += blockDim.x) s.hist[i] = 0;
     __syncthreads();
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-      const uint32_t key = order_key(to_float(row[v]));
+    block_for_each(row, 0, V, [&](int64_t, float x) {
+      const uint32_t key = order_key(x);
       if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255u], 1);
-    }
+    });
     __syncthreads();
     // every thread scans the histogram itself: the same digit everywhere, no broadcast needed
     int d = 255;
@@ -161,53 +162,78 @@ __device__ uint32_t kth_largest_key(const T* __restrict__ row, int64_t V, int64_
   return prefix;
 }
 
-// top-p on p[0, V) (a distribution without NaN), in place: keep the smallest descending prefix
-// (ties by index) whose mass reaches top_p, renormalise. The boundary value tau is the smallest p
-// with S(> tau) < top_p, found by binary search on the bits of p (S(> k) is the block sum of the p
-// whose bits exceed k, non-increasing in k); among the ties at tau the lowest indices are kept while
-// the exclusive mass S(> tau) + j * tau stays below top_p.
-__device__ void top_p_filter(double* __restrict__ p, int64_t V, double top_p, Smem& s) {
-  int64_t kmax = 0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const int64_t k = static_cast<int64_t>(prob_key(p[v]));
-    kmax = k > kmax ? k : kmax;
+// A node's distribution, never materialised: p(v) is recomputed from the logit when needed, with
+// the reference's operations (so the same v always gives the same bits). Block-uniform values.
+struct Dist {
+  double inv_t = 1.0;
+  bool topk = false;
+  double thr_x = 0.0;     // top-k: x kept iff x >= thr_x
+  double m = 0.0, z = 1.0;
+  bool nan = false;       // every p is NaN (a NaN or +inf logit, all -inf, NaN top-k threshold)
+  bool filt = false;      // top-p applied: kept iff key > tau or (key == tau and v <= cut), then / z2
+  uint64_t tau = 0;
+  int64_t cut = 0;
+  double z2 = 1.0;
+};
+
+// p before top-p (step 3 of reference.sampling_probs)
+__device__ __forceinline__ double base_prob(const Dist& d, float logit) {
+  if (d.nan) return bits_to_double(0x7ff8000000000000ull);
+  const double x = mul_rn(static_cast<double>(logit), d.inv_t);
+  if (d.topk && !(x >= d.thr_x)) return 0.0;
+  return exp(sub_rn(x, d.m)) / d.z;
+}
+
+__device__ __forceinline__ double prob(const Dist& d, float logit, int64_t v) {
+  double p = base_prob(d, logit);
+  if (d.filt) {
+    const uint64_t k = prob_key(p);
+    p = (k > d.tau || (k == d.tau && v <= d.cut)) ? p / d.z2 : 0.0;
   }
-  kmax = block_reduce<IntOp::kMax>(kmax, s);
+  return p;
+}
+
+// top-p on the distribution d (no NaN): the boundary key tau is the smallest p with
+// S(> tau) < top_p, found by a search on the bits of p (S(> k): block sum of the p whose bits
+// exceed k, non-increasing in k); among the ties at tau the lowest indices are kept while the
+// exclusive mass S(> tau) + j * tau stays below top_p; then z2 = the kept mass.
+template <typename T>
+__device__ void top_p_filter(const T* __restrict__ row, int64_t V, double top_p, Dist& d, Smem& s) {
+  const uint64_t kmax = prob_key(1.0 / d.z);  // the largest p: base_prob at x == m is exp(0) / z
   auto mass_above = [&](uint64_t key) {
     double part = 0.0;
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) part += prob_key(p[v]) > key ? p[v] : 0.0;
+    block_for_each(row, 0, V, [&](int64_t, float x) {
+      const double p = base_prob(d, x);
+      part += prob_key(p) > key ? p : 0.0;
+    });
     return block_sum(part, s);
   };
-  uint64_t lo = 0, hi = static_cast<uint64_t>(kmax);
+  uint64_t lo = 0, hi = kmax;
   if (mass_above(0) < top_p) {
     hi = 0;  // every positive p is kept (rounding left the total below top_p)
   } else {
     // invariant: S(> lo) >= top_p > S(> hi), hi the key of an actual p. Each step splits (lo, hi]
-    // at mid and snaps the bound it moves to an actual key: S only changes at actual keys, and
-    // S(> mid) sums exactly the same terms as S(> k) for every k between mid and the nearest
-    // actual key on that side (bitwise the same sum). The keys of p ~ exp(gaussian) are spread
-    // ~gaussian in bit space, so this takes ~log2(V) + a few steps rather than a plain bisection's
-    // ~62. Block-uniform.
+    // at mid and snaps the bound it moves to an actual key (S only changes at actual keys), so
+    // softmax-like rows take ~log2(V) + a few steps rather than a plain bisection's ~62.
     while (hi - lo > 1) {
       const uint64_t mid = lo + (hi - lo) / 2;
       double part = 0.0;
       int64_t above = static_cast<int64_t>(hi), below = static_cast<int64_t>(lo);
-      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-        const uint64_t k = prob_key(p[v]);
+      block_for_each(row, 0, V, [&](int64_t, float x) {
+        const double p = base_prob(d, x);
+        const uint64_t k = prob_key(p);
         if (k > mid) {
-          part += p[v];
+          part += p;
           if (k < static_cast<uint64_t>(above)) above = static_cast<int64_t>(k);  // min key in (mid, hi]
         } else if (k > lo && k > static_cast<uint64_t>(below)) {
           below = static_cast<int64_t>(k);  // max key in (lo, mid]
         }
-      }
+      });
       const double sm = block_sum(part, s);
       above = block_reduce<IntOp::kMin>(above, s);
       below = block_reduce<IntOp::kMax>(below, s);
       if (sm < top_p) {
-        // S(> below) == S(> mid) < top_p: the answer is in (lo, below]; below > lo because
-        // S(> lo) >= top_p is the same sum when (lo, mid] holds no key (the guard never fires)
-        if (static_cast<uint64_t>(below) == lo) break;
+        if (static_cast<uint64_t>(below) == lo) break;  // never fires: S(> lo) >= top_p
         hi = static_cast<uint64_t>(below);
       } else {
         lo = static_cast<uint64_t>(above) - 1;  // S(> above - 1) == S(> mid) >= top_p
@@ -222,7 +248,7 @@ __device__ void top_p_filter(double* __restrict__ p, int64_t V, double top_p, Sm
     int64_t lo_c, hi_c;
     chunk_of(V, &lo_c, &hi_c);
     int ties = 0;
-    for (int64_t v = lo_c; v < hi_c; ++v) ties += prob_key(p[v]) == tau_key;
+    for (int64_t v = lo_c; v < hi_c; ++v) ties += prob_key(base_prob(d, to_float(ld_global(row + v)))) == tau_key;
     int n_ties = 0;
     const int before = block_prefix_sum(ties, s.cnt, &n_ties);
     // j = number of ties kept: the j-th (1-based) has exclusive mass S + (j-1) * tau < top_p
@@ -236,7 +262,7 @@ __device__ void top_p_filter(double* __restrict__ p, int64_t V, double top_p, Sm
       if (before < j && before + ties >= j) {
         int64_t seen = before;
         for (int64_t v = lo_c; v < hi_c; ++v) {
-          if (prob_key(p[v]) == tau_key && ++seen == j) {
+          if (prob_key(base_prob(d, to_float(ld_global(row + v)))) == tau_key && ++seen == j) {
             s.pick = v;
             break;
           }
@@ -247,166 +273,269 @@ __device__ void top_p_filter(double* __restrict__ p, int64_t V, double top_p, Sm
       __syncthreads();
     }
   }
+  d.tau = tau_key;
+  d.cut = cut;
+  // the kept mass, by which the reference renormalises
   double part = 0.0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const uint64_t k = prob_key(p[v]);
-    if (!(k > tau_key || (k == tau_key && v <= cut))) p[v] = 0.0;
-    part += p[v];
-  }
-  const double z = block_sum(part, s);
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] = p[v] / z;
+  block_for_each(row, 0, V, [&](int64_t v, float x) {
+    const double p = base_prob(d, x);
+    const uint64_t k = prob_key(p);
+    part += (k > tau_key || (k == tau_key && v <= cut)) ? p : 0.0;
+  });
+  d.z2 = block_sum(part, s);
+  d.filt = true;
 }
 
-// p[0, V) = reference.sampling_probs of one logits row, then a barrier.
+// reference.sampling_probs of one logits row, as a Dist: one pass for the max and the sum of
+// exp(x - max) (online: per thread, rescaled to the block max), plus 4 radix passes with top-k and
+// the top-p search passes with top-p.
 template <typename T>
-__device__ void node_probs(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p,
-                           double* __restrict__ p, Smem& s) {
-  const bool topk = top_k > 0 && top_k < V;
-  // top-k: the k-th largest x is x of the k-th largest logit (x is a non-decreasing function of the
-  // logit), so the selection runs on the logits' 32-bit order keys; NaN threshold keeps nothing
-  const double thr = topk ? mul_rn(static_cast<double>(key_to_float(kth_largest_key(row, V, top_k, s))), inv_t)
-                          : 0.0;
-  auto x_at = [&](int64_t v) {
-    const double x = mul_rn(static_cast<double>(to_float(row[v])), inv_t);
-    return !topk || x >= thr ? x : -inf_d();
-  };
-  double m = -inf_d();
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = max_nan(m, x_at(v));
-  m = block_max(m, s);
-  double part = 0.0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const double e = exp(sub_rn(x_at(v), m));
-    p[v] = e;
-    part += e;
+__device__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p, Smem& s) {
+  Dist d;
+  d.inv_t = inv_t;
+  d.topk = top_k > 0 && top_k < V;
+  // top-k: the k-th largest x is x of the k-th largest logit (x is a non-decreasing function of
+  // the logit), so the selection runs on the logits' 32-bit order keys; a NaN threshold keeps nothing
+  d.thr_x = d.topk ? mul_rn(static_cast<double>(key_to_float(kth_largest_key(row, V, top_k, s))), inv_t) : 0.0;
+  const Dist& cd = d;
+  double tm = -inf_d(), tz = 0.0;  // this thread's running max of the kept x and sum of exp(x - tm)
+  bool any_nan = false;
+  block_for_each(row, 0, V, [&](int64_t, float logit) {
+    const double x = mul_rn(static_cast<double>(logit), cd.inv_t);
+    if (cd.topk && !(x >= cd.thr_x)) {
+      // removed by top-k (a NaN too): x = -inf, e = 0
+    } else if (isnan_d(x)) {
+      any_nan = true;
+    } else if (x > tm) {
+      tz = (tm == -inf_d() ? 0.0 : tz * exp(sub_rn(tm, x))) + 1.0;
+      tm = x;
+    } else if (x > -inf_d()) {
+      tz += exp(sub_rn(x, tm));
+    }
+  });
+  // block max of the kept x (no NaN reaches tm), then the sum rescaled to it
+  double m = tm;
+  for (int off = 16; off > 0; off >>= 1) {
+    const double o = __shfl_xor_sync(kFullMask, m, off);
+    m = o > m ? o : m;
   }
-  const double z = block_sum(part, s);
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] = p[v] / z;  // this thread's own elements
-  // a NaN anywhere makes z (and every p) NaN: top-p then changes nothing, as in the reference
-  if (top_p < 1.0 && !isnan_d(z)) {
-    __syncthreads();  // top_p_filter's chunks are other threads' elements
-    top_p_filter(p, V, top_p, s);
-  }
+  if (lane_id() == 0) s.red[threadIdx.x >> 5] = m;
+  const bool nan = __syncthreads_or(any_nan);
+  m = -inf_d();
+  for (unsigned w = 0; w < (blockDim.x >> 5); ++w) m = s.red[w] > m ? s.red[w] : m;
   __syncthreads();
+  const double z = block_sum(tm > -inf_d() && m < inf_d() ? tz * exp(sub_rn(tm, m)) : 0.0, s);
+  d.m = m;
+  d.z = z;
+  // NaN logit, +inf (inf - inf), all removed or -inf (-inf - -inf): every p is NaN in the reference
+  d.nan = nan || !(m > -inf_d() && m < inf_d()) || isnan_d(d.thr_x);
+  if (top_p < 1.0 && !d.nan) top_p_filter(row, V, top_p, d, s);
+  return d;
 }
 
-// reference.sample_inverse_cdf over the residual p[0, V): the first index whose prefix sum exceeds
-// u * total, clamped to the last positive p (0 when none). Prefix sums: sequential within each
-// thread's chunk, chunks offset by a block scan; a zero-weight index is never returned.
-__device__ int32_t inverse_cdf(const double* __restrict__ p, int64_t V, float u, Smem& s) {
-  int64_t lo, hi;
-  chunk_of(V, &lo, &hi);
-  double local = 0.0;
-  int64_t last = -1;
-  for (int64_t v = lo; v < hi; ++v) {
-    local += p[v];
-    if (p[v] > 0.0) last = v;
+__device__ __forceinline__ bool rejected(const int64_t* rej, int n_rej, const uint32_t* bits, int64_t v) {
+  if (bits) return (bits[v >> 5] >> (v & 31)) & 1u;
+  for (int i = 0; i < n_rej; ++i) {
+    if (rej[i] == v) return true;
   }
-  const double start = block_exclusive_scan(local, s);
-  const double total = block_max(add_rn(start, local), s);
-  const int64_t last_pos = block_reduce<IntOp::kMax>(last, s);
+  return false;
+}
+
+// The residual mass at the node: sum of p over the tokens not rejected (a full pass).
+template <typename T>
+__device__ double residual_mass(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
+                                const uint32_t* bits, Smem& s) {
+  double part = 0.0;
+  block_for_each(row, 0, V, [&](int64_t v, float x) { part += rejected(rej, n_rej, bits, v) ? 0.0 : prob(d, x, v); });
+  return block_sum(part, s);
+}
+
+// reference.sample_inverse_cdf over the residual distribution: the first index whose prefix sum
+// exceeds u * total (total: the residual mass), clamped to the last positive p (0 when none).
+// Tiles of blockDim * E elements in index order, E per thread (one 16-byte word when aligned):
+// sequential sums within a thread's E, a block scan across threads, a carry across tiles; stops
+// at the tile holding the crossing.
+template <typename T>
+__device__ int32_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
+                               const uint32_t* bits, double total, float u, Smem& s) {
+  constexpr int E = 16 / static_cast<int>(sizeof(T));
+  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
   const double thr = mul_rn(static_cast<double>(u), total);
-  int64_t first = V;
-  double c = 0.0;
-  for (int64_t v = lo; v < hi; ++v) {
-    c += p[v];
-    if (p[v] > 0.0 && add_rn(start, c) > thr) {
-      first = v;
-      break;
+  double carry = 0.0;
+  int64_t last = -1, first = V;
+  for (int64_t t0 = 0; t0 < V; t0 += static_cast<int64_t>(blockDim.x) * E) {
+    const int64_t i0 = t0 + static_cast<int64_t>(threadIdx.x) * E;
+    float x[E];
+    if (vec && i0 + E <= V) {
+      const uint4 w = ld_global(reinterpret_cast<const uint4*>(row + i0));
+#pragma unroll
+      for (int j = 0; j < E; ++j) x[j] = vec_elem<T>(w, j);
+    } else {
+      for (int j = 0; j < E; ++j) x[j] = i0 + j < V ? to_float(ld_global(row + i0 + j)) : 0.0f;
     }
+    double p[E], local = 0.0;
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const int64_t v = i0 + j;
+      p[j] = v < V && !rejected(rej, n_rej, bits, v) ? prob(d, x[j], v) : 0.0;
+      local += p[j];
+      if (p[j] > 0.0) last = v;
+    }
+    double tile = 0.0;
+    const double start = block_exclusive_scan(local, s, &tile);
+    int64_t found = V;
+    double c = 0.0;
+    for (int j = 0; j < E; ++j) {
+      c += p[j];
+      if (p[j] > 0.0 && add_rn(add_rn(carry, start), c) > thr) {
+        found = i0 + j;
+        break;
+      }
+    }
+    first = block_reduce<IntOp::kMin>(found, s);
+    if (first < V) break;  // block-uniform
+    carry = add_rn(carry, tile);
   }
-  first = block_reduce<IntOp::kMin>(first, s);
-  const int64_t lp = last_pos < 0 ? 0 : last_pos;
-  return static_cast<int32_t>(first < lp ? first : lp);
+  if (first < V) return static_cast<int32_t>(first);  // a positive p: at most the last positive index
+  const int64_t lp = block_reduce<IntOp::kMax>(last, s);
+  return static_cast<int32_t>(lp < 0 ? 0 : lp);
 }
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(kThreads) verify_sample_kernel(
     const T* __restrict__ logits, int64_t n_rows, int64_t V, const I* __restrict__ beams,
     const I* __restrict__ beam_node, int64_t W, int64_t L, const float* __restrict__ accept_u,
-    const float* __restrict__ sample_u, double inv_t, int64_t top_k, double top_p, double* __restrict__ workspace,
+    const float* __restrict__ sample_u, double inv_t, int64_t top_k, double top_p, bool staged, bool bitmap,
     int32_t* __restrict__ accept_len, int32_t* __restrict__ best_beam, int32_t* __restrict__ path_nodes,
     int32_t* __restrict__ next_token) {
   const int64_t b = blockIdx.x;
   Smem& s = *dynamic_smem<Smem>();
-  double* p = workspace + b * V;  // the current node's (residual) distribution
+  int64_t* s_nodes = reinterpret_cast<int64_t*>(&s + 1);  // [W*L] when staged
+  int64_t* s_toks = s_nodes + (staged ? W * L : 0);        // [W*L] when staged
+  int64_t* rej = s_toks + (staged ? W * L : 0);            // [W] rejected tokens of the current node
+  uint32_t* bits = bitmap ? reinterpret_cast<uint32_t*>(rej + W) : nullptr;  // [ceil(V/32)]
   const T* rows = logits + b * n_rows * V;
   const I* beam = beams + b * W * L;
   const I* bn = beam_node + b * W * L;
+  if (staged) {
+    for (int64_t i = threadIdx.x; i < W * L; i += blockDim.x) {
+      s_nodes[i] = static_cast<int64_t>(ld_global(bn + i));
+      s_toks[i] = static_cast<int64_t>(ld_global(beam + i));
+    }
+  }
+  if (bitmap) {
+    for (int64_t i = threadIdx.x; i < (V + 31) / 32; i += blockDim.x) bits[i] = 0;
+  }
+  if (threadIdx.x == 0) s.n_rej = 0;
+  __syncthreads();
+  auto node_at = [&](int64_t i) { return staged ? s_nodes[i] : static_cast<int64_t>(ld_global(bn + i)); };
+  auto tok_at = [&](int64_t i) { return staged ? s_toks[i] : static_cast<int64_t>(ld_global(beam + i)); };
   auto valid_node = [&](int64_t n) { return n >= 0 && n < n_rows; };
-  int64_t cur = static_cast<int64_t>(bn[0]);
+  int64_t cur = node_at(0);
   int64_t a = 0;
   const bool root_ok = valid_node(cur);  // block-uniform, like every branch below
+  int32_t tok = -1;
   if (root_ok) {
-    node_probs(rows + cur * V, V, inv_t, top_k, top_p, p, s);
-    for (int64_t d = 0; d + 1 < L; ++d) {
+    Dist d = node_dist(rows + cur * V, V, inv_t, top_k, top_p, s);
+    // sum of the node's p: 1 up to rounding (the reference's sequential sum differs by ~V ulp at
+    // most; decisions are compared with a 1e-9 margin); NaN when every p is NaN
+    double mass = d.nan ? bits_to_double(0x7ff8000000000000ull) : 1.0;
+    for (int64_t dep = 0; dep + 1 < L; ++dep) {
       int64_t child = -1, rank = 0;
       for (int64_t w = 0; w < W && child < 0; ++w) {
-        if (static_cast<int64_t>(bn[w * L + d]) != cur) continue;
-        const I c = bn[w * L + d + 1];
+        if (node_at(w * L + dep) != cur) continue;
+        const int64_t c = node_at(w * L + dep + 1);
         bool seen = false;  // a lower beam already brought this child
-        for (int64_t v = 0; v < w && !seen; ++v) seen = bn[v * L + d + 1] == c;
+        for (int64_t v = 0; v < w && !seen; ++v) seen = node_at(v * L + dep + 1) == c;
         if (seen) continue;
-        const int64_t t = static_cast<int64_t>(beam[w * L + d + 1]);
-        const double u = static_cast<double>(accept_u[(b * (L - 1) + d) * W + rank]);
-        ++rank;
+        const int64_t t = tok_at(w * L + dep + 1);
         // a child outside the logits or a token outside [0, V) is rejected without touching p
-        const bool ok = valid_node(static_cast<int64_t>(c)) && t >= 0 && t < V;
-        const double pt = ok ? p[t] : 0.0;  // read by every thread before the barriers below
-        double part = 0.0;
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) part += p[v];
-        const double mass = block_sum(part, s);
+        const bool ok = valid_node(c) && t >= 0 && t < V;
+        const int n_rej = s.n_rej;
+        if (threadIdx.x == 0) {  // the drafted token's p and the uniform: one read, broadcast
+          s.bval[0] = ok && !rejected(rej, n_rej, bits, t) ? prob(d, to_float(ld_global(rows + cur * V + t)), t) : 0.0;
+          s.bval[1] = static_cast<double>(ld_global(accept_u + (b * (L - 1) + dep) * W + rank));
+        }
+        __syncthreads();
+        const double pt = s.bval[0], u = s.bval[1];
+        __syncthreads();
+        ++rank;
         if (ok && mul_rn(u, mass) < pt) {
-          child = static_cast<int64_t>(c);
-        } else {
-          if (ok && threadIdx.x == 0) p[t] = 0.0;
+          child = c;
+        } else if (ok) {
+          // p(t) = 0: the remaining mass drops by p(t); when that cancels more than 10 bits, the
+          // difference is no longer accurate to ~1e-13 and the mass is summed again
+          if (threadIdx.x == 0 && pt > 0.0) {
+            rej[n_rej] = t;
+            s.n_rej = n_rej + 1;
+            if (bits) bits[t >> 5] |= 1u << (t & 31);
+          }
           __syncthreads();
+          const double left = sub_rn(mass, pt);
+          mass = left >= mass * (1.0 / 1024) ? left
+                                             : residual_mass(rows + cur * V, V, d, rej, s.n_rej, bits, s);
         }
       }
       if (child < 0) break;  // every child rejected: sample from the residual
+      // forget the rejections at the old node
+      if (bits) {
+        for (int i = threadIdx.x; i < s.n_rej; i += blockDim.x) bits[rej[i] >> 5] = 0;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) s.n_rej = 0;
       cur = child;
       ++a;
-      node_probs(rows + cur * V, V, inv_t, top_k, top_p, p, s);
+      d = node_dist(rows + cur * V, V, inv_t, top_k, top_p, s);  // starts with a barrier-separated pass
+      mass = d.nan ? bits_to_double(0x7ff8000000000000ull) : 1.0;
     }
+    tok = inverse_cdf(rows + cur * V, V, d, rej, s.n_rej, bits, mass, ld_global(sample_u + b), s);
   }
-  const int32_t tok = root_ok ? inverse_cdf(p, V, sample_u[b], s) : -1;
   if (threadIdx.x != 0) return;  // no barrier follows
   int64_t best = 0;
-  while (best < W - 1 && static_cast<int64_t>(bn[best * L + a]) != cur) ++best;
-  accept_len[b] = static_cast<int32_t>(a);
-  best_beam[b] = static_cast<int32_t>(best);
-  for (int64_t i = 0; i < L; ++i) path_nodes[b * L + i] = i <= a ? static_cast<int32_t>(bn[best * L + i]) : -1;
-  next_token[b] = tok;
+  while (best < W - 1 && node_at(best * L + a) != cur) ++best;
+  st_global(accept_len + b, static_cast<int32_t>(a));
+  st_global(best_beam + b, static_cast<int32_t>(best));
+  for (int64_t i = 0; i < L; ++i) {
+    st_global(path_nodes + b * L + i, i <= a ? static_cast<int32_t>(node_at(best * L + i)) : -1);
+  }
+  st_global(next_token + b, tok);
 }
 
 template <typename T, typename I>
 cudaError_t launch(const void* logits, int64_t n_rows, int64_t V, const void* beams, const void* beam_node,
                    int64_t B, int64_t W, int64_t L, const float* accept_u, const float* sample_u, double inv_t,
                    int64_t top_k, double top_p, int32_t* accept_len, int32_t* best_beam, int32_t* path_nodes,
-                   int32_t* next_token, void* workspace, cudaStream_t stream) {
+                   int32_t* next_token, cudaStream_t stream) {
   const int64_t want = (V + 31) / 32 * 32;
   const unsigned threads = static_cast<unsigned>(want < kThreads ? want : kThreads);
-  return launch_kernel(verify_sample_kernel<T, I>, dim3(static_cast<unsigned>(B)), dim3(threads), sizeof(Smem),
-                       stream, static_cast<const T*>(logits), n_rows, V, static_cast<const I*>(beams),
-                       static_cast<const I*>(beam_node), W, L, accept_u, sample_u, inv_t, top_k, top_p,
-                       static_cast<double*>(workspace), accept_len, best_beam, path_nodes, next_token);
+  const bool staged = W * L * 16 <= kMaxStagedBytes;
+  const bool bitmap = V <= kMaxBitmapV;
+  const size_t smem = sizeof(Smem) + (staged ? W * L * 16 : 0) + W * 8 + (bitmap ? (V + 31) / 32 * 4 : 0);
+  if (smem > 160 * 1024) return cudaErrorInvalidValue;
+  return launch_kernel("verify_sample.walk", verify_sample_kernel<T, I>, dim3(static_cast<unsigned>(B)),
+                       dim3(threads), smem, stream, static_cast<const T*>(logits), n_rows, V,
+                       static_cast<const I*>(beams), static_cast<const I*>(beam_node), W, L, accept_u, sample_u, inv_t,
+                       top_k, top_p, staged, bitmap, accept_len, best_beam, path_nodes, next_token);
 }
 
 template <typename T>
 cudaError_t launch_t(IndexType it, const void* logits, int64_t n_rows, int64_t V, const void* beams,
                      const void* beam_node, int64_t B, int64_t W, int64_t L, const float* au, const float* su,
                      double inv_t, int64_t top_k, double top_p, int32_t* a, int32_t* bb, int32_t* pn, int32_t* nt,
-                     void* ws, cudaStream_t s) {
+                     cudaStream_t s) {
   if (it == IndexType::kInt64)
     return launch<T, int64_t>(logits, n_rows, V, beams, beam_node, B, W, L, au, su, inv_t, top_k, top_p, a, bb, pn,
-                              nt, ws, s);
+                              nt, s);
   return launch<T, int32_t>(logits, n_rows, V, beams, beam_node, B, W, L, au, su, inv_t, top_k, top_p, a, bb, pn, nt,
-                            ws, s);
+                            s);
 }
 
 }  // namespace
 
-size_t verify_sample_workspace_bytes(int64_t B, int64_t V) {
-  return static_cast<size_t>(B > 0 ? B : 0) * static_cast<size_t>(V > 0 ? V : 0) * sizeof(double);
+size_t verify_sample_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, int64_t W, FloatType logits_type,
+                                     double temperature) {
+  if (temperature == 0.0) return verify_greedy_workspace_bytes(B, n_logit_rows, V, W, logits_type);
+  return 8;  // unused: the sampling kernel keeps no per-token state in global memory
 }
 
 cudaError_t verify_sample(const void* logits, FloatType logits_type, int64_t n_logit_rows, int64_t V,
@@ -416,23 +545,23 @@ cudaError_t verify_sample(const void* logits, FloatType logits_type, int64_t n_l
                           int32_t* next_token, void* workspace, cudaStream_t stream) {
   if (temperature == 0.0) {  // greedy, exactly (the uniforms are unused)
     return verify_greedy(logits, logits_type, n_logit_rows, V, beams, beam_node, index_type, B, W, L, accept_len,
-                         best_beam, path_nodes, next_token, stream);
+                         best_beam, path_nodes, next_token, workspace, stream);
   }
   if (B == 0) return cudaSuccess;
   if (W < 1 || L < 1 || V < 1 || B > 0x7fffffff || !(temperature > 0.0) || !(top_p > 0.0 && top_p <= 1.0) ||
-      top_k < 0 || workspace == nullptr)
+      top_k < 0)
     return cudaErrorInvalidValue;
   const double inv_t = 1.0 / temperature;  // as the reference: one reciprocal, then a multiply per logit
   switch (logits_type) {
     case FloatType::kFloat16:
       return launch_t<Half>(index_type, logits, n_logit_rows, V, beams, beam_node, B, W, L, accept_u, sample_u, inv_t,
-                            top_k, top_p, accept_len, best_beam, path_nodes, next_token, workspace, stream);
+                            top_k, top_p, accept_len, best_beam, path_nodes, next_token, stream);
     case FloatType::kBFloat16:
       return launch_t<BFloat16>(index_type, logits, n_logit_rows, V, beams, beam_node, B, W, L, accept_u, sample_u,
-                                inv_t, top_k, top_p, accept_len, best_beam, path_nodes, next_token, workspace, stream);
+                                inv_t, top_k, top_p, accept_len, best_beam, path_nodes, next_token, stream);
     default:
       return launch_t<float>(index_type, logits, n_logit_rows, V, beams, beam_node, B, W, L, accept_u, sample_u, inv_t,
-                             top_k, top_p, accept_len, best_beam, path_nodes, next_token, workspace, stream);
+                             top_k, top_p, accept_len, best_beam, path_nodes, next_token, stream);
   }
 }
 

@@ -90,11 +90,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(co
   DeviceGuard guard(logits_in);
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
   const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
+  // split argmax keys and the walk's per-beam state
+  const auto ws_bytes = static_cast<int64_t>(cuda::verify_greedy_workspace_bytes(B, NL, V, W, float_type(logits)));
+  at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));
   check_cuda(cuda::verify_greedy(logits.const_data_ptr(), float_type(logits), NL, V, beams.const_data_ptr(),
                                  beam_node.const_data_ptr(), index_type(idx), B, W, L,
                                  accept_len.mutable_data_ptr<int32_t>(), best_beam.mutable_data_ptr<int32_t>(),
                                  path_nodes.mutable_data_ptr<int32_t>(), next_token.mutable_data_ptr<int32_t>(),
-                                 current_stream(logits)),
+                                 workspace.mutable_data_ptr(), current_stream(logits)),
              "verify_greedy");
   return v.outputs();
 }
@@ -112,8 +115,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cuda(
   const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
   const at::Tensor accept_u = accept_u_in.contiguous();
   const at::Tensor sample_u = sample_u_in.contiguous();
-  // float64 p of each row's current node (unused when greedy)
-  at::Tensor workspace = at::empty({temperature == 0.0 ? 0 : B * V}, logits.options().dtype(at::kDouble));
+  // verify_greedy's workspace when greedy (sampling keeps no per-token state in global memory)
+  const auto ws_bytes =
+      static_cast<int64_t>(cuda::verify_sample_workspace_bytes(B, NL, V, W, float_type(logits), temperature));
+  at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));
   check_cuda(cuda::verify_sample(logits.const_data_ptr(), float_type(logits), NL, V, beams.const_data_ptr(),
                                  beam_node.const_data_ptr(), index_type(idx), B, W, L,
                                  accept_u.const_data_ptr<float>(), sample_u.const_data_ptr<float>(), temperature, top_k,

@@ -37,6 +37,44 @@ void check(cudaError_t e, const char* op) {
   }
 }
 
+// Registers the buffer of `a` under `name` for the traffic report (no-op unless counting).
+void region(const char* name, const py::array& a) {
+  redrafter_emu::traffic_region(name, a.data(), static_cast<size_t>(a.nbytes()));
+}
+
+py::tuple traffic_report(const redrafter_emu::Traffic& t) {
+  py::list out;
+  for (const auto& l : t.launches) {
+    py::dict d;
+    d["name"] = l.name;
+    d["grid"] = py::make_tuple(l.grid.x, l.grid.y, l.grid.z);
+    d["block"] = py::make_tuple(l.block.x, l.block.y, l.block.z);
+    d["smem"] = l.smem;
+    d["blocks_total"] = l.blocks_total;
+    d["blocks_run"] = l.blocks_run;
+    py::dict rw, ww;
+    const int widths[5] = {1, 2, 4, 8, 16};
+    for (int i = 0; i < 5; ++i) {
+      rw[py::int_(widths[i])] = l.read_by_width[i];
+      ww[py::int_(widths[i])] = l.write_by_width[i];
+    }
+    d["read_by_width"] = rw;
+    d["write_by_width"] = ww;
+    py::dict rr, wr;
+    for (size_t r = 0; r <= t.regions.size(); ++r) {
+      const std::string name = r < t.regions.size() ? t.regions[r].name : std::string("(other)");
+      if (l.region_read[r]) rr[py::str(name)] = l.region_read[r];
+      if (l.region_write[r]) wr[py::str(name)] = l.region_write[r];
+    }
+    d["region_read"] = rr;
+    d["region_write"] = wr;
+    out.append(d);
+  }
+  py::dict sizes;
+  for (const auto& r : t.regions) sizes[py::str(r.name)] = r.hi - r.lo;
+  return py::make_tuple(out, sizes);
+}
+
 rc::IndexType index_type(const py::array& a) {
   if (a.dtype().kind() != 'i' || (a.itemsize() != 4 && a.itemsize() != 8))
     throw std::invalid_argument("index arrays must be int32 or int64");
@@ -74,6 +112,11 @@ PYBIND11_MODULE(redrafter_emu, m) {
   bind_kv_compact_paged(m);  // issue 8
   m.def("set_seed", [](uint64_t seed) { redrafter_emu::set_seed(seed); });
   m.def("last_error", [] { return redrafter_emu::emu_error(); });
+  // traffic counting: start (every `sample`-th block runs), run ops, stop -> (launches, region sizes)
+  m.def("traffic_start", [](uint64_t sample) { redrafter_emu::traffic_start(sample); }, py::arg("sample") = 1);
+  m.def("traffic_stop", [] { return traffic_report(redrafter_emu::traffic_stop()); });
+  // verify_greedy's strategy: 0 by size, 1 per node, 2 lazy
+  m.def("verify_greedy_set_strategy", [](int s) { rc::verify_greedy_set_strategy(s); });
 
   m.def("tree_mask", [](py::array parent, py::array num_nodes, bool packed, py::array out) {
     const int64_t B = parent.shape(0), N = parent.shape(1);
@@ -99,10 +142,17 @@ PYBIND11_MODULE(redrafter_emu, m) {
     const int64_t B = beams.shape(0), W = beams.shape(1), L = beams.shape(2);
     const auto it = index_type(beams);
     if (index_type(beam_node) != it) throw std::invalid_argument("beams and beam_node: one index dtype");
-    check(rc::verify_greedy(logits.mutable_data(), float_type(logits, kind16), logits.shape(1), logits.shape(2),
-                            beams.mutable_data(), beam_node.mutable_data(), it, B, W, L,
-                            data<int32_t>(accept_len, "accept_len"), data<int32_t>(best_beam, "best_beam"),
-                            data<int32_t>(path_nodes, "path_nodes"), data<int32_t>(next_token, "next_token"), nullptr),
+    const auto ft = float_type(logits, kind16);
+    py::array_t<uint64_t> ws(static_cast<py::ssize_t>(
+        (rc::verify_greedy_workspace_bytes(B, logits.shape(1), logits.shape(2), W, ft) + 7) / 8));
+    for (auto [n, a] : {std::pair<const char*, py::array*>{"logits", &logits}, {"beams", &beams},
+                        {"beam_node", &beam_node}, {"workspace", &ws}, {"accept_len", &accept_len},
+                        {"best_beam", &best_beam}, {"path_nodes", &path_nodes}, {"next_token", &next_token}})
+      region(n, *a);
+    check(rc::verify_greedy(logits.mutable_data(), ft, logits.shape(1), logits.shape(2), beams.mutable_data(),
+                            beam_node.mutable_data(), it, B, W, L, data<int32_t>(accept_len, "accept_len"),
+                            data<int32_t>(best_beam, "best_beam"), data<int32_t>(path_nodes, "path_nodes"),
+                            data<int32_t>(next_token, "next_token"), ws.mutable_data(), nullptr),
           "verify_greedy");
   });
 
@@ -126,6 +176,11 @@ PYBIND11_MODULE(redrafter_emu, m) {
     const int64_t B = logits.shape(0), W = logits.shape(1), V = logits.shape(2), L = tokens.shape(2);
     const int64_t row_bytes = state.shape(2) * state.itemsize();
     if (reinterpret_cast<uintptr_t>(workspace.data()) % 16) throw std::invalid_argument("workspace alignment");
+    for (auto [n, a] : {std::pair<const char*, py::array*>{"logits", &logits}, {"scores", &scores},
+                        {"tokens", &tokens}, {"state", &state}, {"workspace", &workspace},
+                        {"scores_out", &scores_out}, {"tokens_out", &tokens_out}, {"state_out", &state_out},
+                        {"parent_out", &parent_out}})
+      region(n, *a);
     check(rc::beam_topk(logits.mutable_data(), float_type(logits, kind16), data<float>(scores, "scores"),
                         tokens.mutable_data(), index_type(tokens), state.mutable_data(), row_bytes, B, W, V, L, step,
                         data<float>(scores_out, "scores_out"), data<int32_t>(tokens_out, "tokens_out"),
@@ -147,20 +202,32 @@ PYBIND11_MODULE(redrafter_emu, m) {
     check(e, which.c_str());
   });
 
-  // verify_sample: workspace is a float64 array of at least B*V items
+  // verify_sample: workspace is a float64 array of at least B*V items (temperature > 0; greedy runs
+  // with its own workspace)
   m.def("verify_sample", [](py::array logits, int kind16, py::array beams, py::array beam_node, py::array accept_u,
                             py::array sample_u, double temperature, int64_t top_k, double top_p, py::array accept_len,
                             py::array best_beam, py::array path_nodes, py::array next_token, py::array workspace) {
     const int64_t B = beams.shape(0), W = beams.shape(1), L = beams.shape(2), V = logits.shape(2);
     const auto it = index_type(beams);
     if (index_type(beam_node) != it) throw std::invalid_argument("beams and beam_node: one index dtype");
-    if (workspace.size() < B * V) throw std::invalid_argument("workspace too small");
-    check(rc::verify_sample(logits.mutable_data(), float_type(logits, kind16), logits.shape(1), V,
+    const auto ft = float_type(logits, kind16);
+    py::array_t<uint64_t> greedy_ws(static_cast<py::ssize_t>(
+        (rc::verify_sample_workspace_bytes(B, logits.shape(1), V, W, ft, 0.0) + 7) / 8));
+    py::array ws = temperature == 0.0 ? static_cast<py::array>(greedy_ws) : workspace;
+    if (temperature != 0.0 && static_cast<size_t>(workspace.nbytes()) <
+                                  rc::verify_sample_workspace_bytes(B, logits.shape(1), V, W, ft, temperature))
+      throw std::invalid_argument("workspace too small");
+    for (auto [n, a] : {std::pair<const char*, py::array*>{"logits", &logits}, {"beams", &beams},
+                        {"beam_node", &beam_node}, {"accept_u", &accept_u}, {"sample_u", &sample_u},
+                        {"workspace", &ws}, {"accept_len", &accept_len}, {"best_beam", &best_beam},
+                        {"path_nodes", &path_nodes}, {"next_token", &next_token}})
+      region(n, *a);
+    check(rc::verify_sample(logits.mutable_data(), ft, logits.shape(1), V,
                             beams.mutable_data(), beam_node.mutable_data(), it, B, W, L,
                             data<float>(accept_u, "accept_u"), data<float>(sample_u, "sample_u"), temperature, top_k,
                             top_p, data<int32_t>(accept_len, "accept_len"), data<int32_t>(best_beam, "best_beam"),
                             data<int32_t>(path_nodes, "path_nodes"), data<int32_t>(next_token, "next_token"),
-                            data<double>(workspace, "workspace"), nullptr),
+                            ws.mutable_data(), nullptr),
           "verify_sample");
   });
 }

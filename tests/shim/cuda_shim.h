@@ -140,7 +140,34 @@ struct Fiber {
   void* fake = nullptr;  // ASan fake stack while switched out
 };
 
+// Global-memory traffic of launches, counted while enabled (traffic_start .. traffic_stop) through
+// the kernels' access helpers (ld_global / st_global in csrc/cuda/common.cuh): bytes per access
+// width and per named region (an input or output buffer registered by the test bindings), and the
+// blocks run. With a sample stride > 1 only blocks whose blockIdx.x is a multiple of it run (the
+// same rows in every launch of an op whose grids put rows on x): a cost estimate for shapes too
+// large to emulate whole; the outputs are then not meaningful.
+struct TrafficRegion {
+  std::string name;
+  uintptr_t lo = 0, hi = 0;
+};
+struct TrafficLaunch {
+  std::string name;
+  dim3 grid, block;
+  size_t smem = 0;
+  uint64_t blocks_total = 0, blocks_run = 0;
+  uint64_t read_by_width[5] = {}, write_by_width[5] = {};  // widths 1, 2, 4, 8, 16 bytes
+  std::vector<uint64_t> region_read, region_write;         // per region; last entry: unregistered
+};
+struct Traffic {
+  bool on = false;
+  uint64_t sample = 1;
+  std::vector<TrafficRegion> regions;
+  std::vector<TrafficLaunch> launches;
+  const char* next_name = nullptr;  // set by launch_kernel's named overload
+};
+
 struct State {
+  Traffic traffic;
   uint64_t seed = 0;
   std::mt19937_64 rng;
   size_t stack_bytes = size_t(1) << 18;
@@ -176,6 +203,44 @@ inline const std::string& emu_error() { return S().error; }
 inline void fail(const std::string& msg) {
   if (!S().failed) S().error = msg;
   S().failed = true;
+}
+
+inline void traffic_start(uint64_t sample) {
+  Traffic& t = S().traffic;
+  t = Traffic{};
+  t.on = true;
+  t.sample = sample < 1 ? 1 : sample;
+}
+inline void traffic_region(const std::string& name, const void* p, size_t bytes) {
+  if (!S().traffic.on || bytes == 0) return;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  S().traffic.regions.push_back({name, lo, lo + bytes});
+}
+inline Traffic traffic_stop() {
+  Traffic t = std::move(S().traffic);
+  S().traffic = Traffic{};
+  return t;
+}
+inline void traffic_name_next(const char* name) { S().traffic.next_name = name; }
+
+// One global access of `bytes` at p by the current thread: a misaligned access is an error (the GPU
+// faults on it), and while counting, its bytes go to the current launch.
+inline void global_access(const void* p, size_t bytes, size_t align, bool write) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a % align) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "misaligned %zu-byte global %s at %p", bytes, write ? "store" : "load", p);
+    fail(buf);
+    return;
+  }
+  Traffic& t = S().traffic;
+  if (!t.on || t.launches.empty()) return;
+  TrafficLaunch& l = t.launches.back();
+  const int w = bytes >= 16 ? 4 : bytes >= 8 ? 3 : bytes >= 4 ? 2 : bytes >= 2 ? 1 : 0;
+  (write ? l.write_by_width : l.read_by_width)[w] += bytes;
+  size_t r = 0;
+  while (r < t.regions.size() && !(a >= t.regions[r].lo && a < t.regions[r].hi)) ++r;
+  (write ? l.region_write : l.region_read)[r] += bytes;
 }
 
 // ---- fiber switching ------------------------------------------------------------------------
@@ -449,9 +514,24 @@ cudaError_t launch(const cudaLaunchConfig_t& cfg, void (*kernel)(KArgs...), std:
   ::gridDim = g;
   s.body = [&] { std::apply(kernel, args); };
   s.smem.assign(cfg.dynamicSmemBytes + 16, 0);
+  Traffic& tr = s.traffic;
+  if (tr.on) {
+    TrafficLaunch l;
+    l.name = tr.next_name ? tr.next_name : "kernel";
+    l.grid = g;
+    l.block = b;
+    l.smem = cfg.dynamicSmemBytes;
+    l.blocks_total = uint64_t(g.x) * g.y * g.z;
+    l.region_read.assign(tr.regions.size() + 1, 0);
+    l.region_write.assign(tr.regions.size() + 1, 0);
+    tr.launches.push_back(std::move(l));
+  }
+  tr.next_name = nullptr;
   for (unsigned bz = 0; bz < g.z; ++bz)
     for (unsigned by = 0; by < g.y; ++by)
       for (unsigned bx = 0; bx < g.x; ++bx) {
+        if (tr.on && bx % tr.sample != 0) continue;
+        if (tr.on) ++tr.launches.back().blocks_run;
         ::blockIdx = dim3(bx, by, bz);
         for (auto& c : s.smem) c = static_cast<unsigned char>(s.rng());  // garbage
         s.fibers.assign(nthreads, Fiber{});
