@@ -23,6 +23,7 @@ if find_spec("torch") is not None:
     from .drafter import Drafter, DrafterConfig, beam_search
     from .models import LlamaTarget, PagedKV
     from .policy import SpeculationPolicy
+    from .serving import Batch, BlockPool
 
     __all__ += [
         "ops",
@@ -39,5 +40,7 @@ if find_spec("torch") is not None:
         "LlamaTarget",
         "PagedKV",
         "SpeculationPolicy",
+        "Batch",
+        "BlockPool",
     ]
 __version__ = "0.1.0"

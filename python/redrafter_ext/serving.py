@@ -1,0 +1,230 @@
+"""In-flight batching: a running batch whose rows are admitted and retired between steps.
+
+    batch = rx.Batch(target, rows=8, max_new_tokens=256, max_len=2048, beam_width=4, beam_length=4)
+    row = batch.admit([1, 2, 3], max_new_tokens=64, eos_id=2)   # prefill into a free row
+    while batch.busy:
+        batch.step(drafter)                                      # decode_step on every row
+        for row in batch.finished():                             # one host read
+            tokens = batch.retire(row)                           # the row is free again
+
+``decode_step`` itself never synchronises with the host; admitting, retiring and ``finished()`` are
+host-side operations between steps (an engine's scheduler runs there anyway). A free or retired
+row stays in the fixed-shape batch as a finished row: it commits nothing, and its cache length is
+reset so that its scratch tree always has room. With a paged cache (``paged=True``), rows take
+their blocks from a ``BlockPool`` when admitted and give them back when retired; free rows point
+at a few parking blocks of their own, so the scratch writes of a free row never touch a block that
+an active row owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ._generate_common import check_context, prompt_rows
+from .decode import DecodeState, SamplingParams, decode_step
+from .models import PagedKV
+from .reference import num_nodes_max
+
+__all__ = ["Batch", "BlockPool"]
+
+
+class BlockPool:
+    """The free physical blocks of a paged cache (host-side free list).
+
+    ``reserved`` blocks (the parking blocks of free rows) are never handed out.
+    """
+
+    def __init__(self, num_blocks: int, reserved: Sequence[int] = ()) -> None:
+        res = set(reserved)
+        # a stack: the blocks released last are handed out first (still warm in the caches)
+        self._free = [b for b in reversed(range(num_blocks)) if b not in res]
+        self._owned: set[int] = set()
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(f"BlockPool: {n} blocks needed, {len(self._free)} free: retire a row or add blocks")
+        ids = [self._free.pop() for _ in range(n)]
+        self._owned.update(ids)
+        return ids
+
+    def release(self, ids: Sequence[int]) -> None:
+        bad = [b for b in ids if b not in self._owned]
+        if bad:
+            raise ValueError(f"BlockPool: blocks {bad} are not allocated (released twice?)")
+        self._owned.difference_update(ids)
+        self._free.extend(reversed(ids))
+
+
+class Batch:
+    """A batch of ``rows`` decode rows with its own cache; requests come and go between steps.
+
+    Args:
+        target: the target model (``LlamaTarget`` or anything with its protocol, plus
+            ``new_kv_cache``/``new_paged_kv_cache``).
+        rows: rows of the batch (the fixed batch size of every step).
+        max_new_tokens: the largest per-request limit (the output buffer's width).
+        max_len: cache slots per row (contiguous), or per request (paged): a request needs
+            ``prompt + max_new_tokens + N`` of them.
+        beam_width, beam_length: the largest trie the batch will run (N = 1 + W*(L-1)).
+        paged: use a paged cache with ``num_blocks`` blocks of ``block_size`` slots.
+        sampling: ``SamplingParams`` for the first token of each request and every step (None:
+            greedy).
+    """
+
+    def __init__(self, target, rows: int, max_new_tokens: int, max_len: int, *, beam_width: int = 4,
+                 beam_length: int = 4, paged: bool = False, num_blocks: int | None = None, block_size: int = 16,
+                 sampling: SamplingParams | None = None) -> None:
+        for name, v in (("rows", rows), ("max_new_tokens", max_new_tokens), ("max_len", max_len),
+                        ("beam_width", beam_width), ("beam_length", beam_length), ("block_size", block_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "max_new_tokens" else 1):
+                raise ValueError(f"Batch: {name} must be a positive int, got {v!r}")
+        self.target, self.sampling = target, sampling
+        self.W, self.L = beam_width, beam_length
+        self.N = num_nodes_max(beam_width, beam_length)
+        self.slack = max(self.N, beam_length)
+        if max_len < self.slack + 1:
+            raise ValueError(f"Batch: max_len={max_len} leaves no room for a prompt and a trie of N={self.N}")
+        dev = target.embed_weight.device
+        self.pool: BlockPool | None = None
+        if paged:
+            per_row = -(-max_len // block_size)
+            park = -(-self.slack // block_size)  # the scratch tree of a free row
+            num_blocks = num_blocks if num_blocks is not None else park + rows * per_row
+            if num_blocks <= park:
+                raise ValueError(f"Batch: num_blocks={num_blocks} leaves no block beside the {park} parking blocks")
+            self._park = list(range(park))
+            table = self._parking_row(per_row, dev).expand(rows, per_row).contiguous()
+            kv = target.new_paged_kv_cache(rows, max_len, block_size, num_blocks=num_blocks, block_table=table)
+            self.pool = BlockPool(num_blocks, reserved=self._park)
+            self._blocks: dict[int, list[int]] = {}
+        else:
+            kv = target.new_kv_cache(rows, max_len)
+        z = torch.zeros(rows, dtype=torch.int32, device=dev)
+        self.state = DecodeState(
+            kv=kv, cache_len=z.clone(), hidden=torch.zeros(rows, target.hidden_size, dtype=target.embed_weight.dtype,
+                                                           device=dev),
+            token=z.clone(), out=torch.zeros(rows, max_new_tokens + self.slack, dtype=torch.int32, device=dev),
+            num_out=z.clone(), done=torch.ones(rows, dtype=torch.bool, device=dev), steps=z.clone(), nodes=z.clone(),
+            max_new_tokens=max_new_tokens, limit=z.clone(), eos=torch.full_like(z, -1),
+        )
+        self.max_len = max_len
+        self._free = list(range(rows))
+
+    def _parking_row(self, width: int, device) -> Tensor:
+        """A block-table row over the parking blocks only (a free row's scratch tree lands there)."""
+        park = torch.tensor(self._park, dtype=torch.int32)
+        return park.repeat(-(-width // len(park)))[:width].to(device)
+
+    # -- host-side bookkeeping ------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return self.state.cache_len.shape[0]
+
+    @property
+    def free_rows(self) -> list[int]:
+        return sorted(self._free)
+
+    @property
+    def busy(self) -> list[int]:
+        return [r for r in range(self.rows) if r not in self._free]
+
+    def _check_row(self, op: str, row: int) -> None:
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.rows:
+            raise ValueError(f"Batch.{op}: row must be an int in [0, {self.rows}), got {row!r}")
+
+    # -- admit / retire -------------------------------------------------------------------------
+    @torch.no_grad()
+    def admit(self, prompt: Sequence[int], *, row: int | None = None, max_new_tokens: int | None = None,
+              eos_id: int | None = None) -> int:
+        """Prefill ``prompt`` into a free row (the lowest, or ``row``) and return the row.
+
+        Other rows keep their cache and progress. Raises before anything is written when the row
+        is busy, the prompt is bad or longer than the room, or the block pool is exhausted.
+        """
+        target, st = self.target, self.state
+        if row is None:
+            if not self._free:
+                raise RuntimeError("Batch.admit: every row is busy: retire a finished row first")
+            row = min(self._free)
+        self._check_row("admit", row)
+        if row not in self._free:
+            raise ValueError(f"Batch.admit: row {row} is busy (retire it first)")
+        limit = st.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= st.max_new_tokens:
+            raise ValueError(f"Batch.admit: max_new_tokens must be an int in [0, {st.max_new_tokens}], got {limit!r}")
+        if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
+                                   or not 0 <= eos_id < target.vocab_size):
+            raise ValueError(f"Batch.admit: eos_id must be None or an int in [0, {target.vocab_size}), got {eos_id!r}")
+        (ids,) = prompt_rows([prompt], target.vocab_size)
+        need = len(ids) + limit + self.slack
+        if need > self.max_len:
+            raise ValueError(f"Batch.admit: prompt of {len(ids)} tokens + max_new_tokens {limit} + trie {self.slack} "
+                             f"needs {need} cache slots, the batch has {self.max_len} per row")
+        check_context([ids], limit, target)
+        dev = st.cache_len.device
+        if self.pool is not None:
+            bs = st.kv.block_size
+            blocks = self.pool.allocate(-(-need // bs))
+            table = st.kv.block_table
+            row_table = self._parking_row(table.shape[1], table.device)
+            row_table[: len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            table[row].copy_(row_table)
+            self._blocks[row] = blocks
+            kv_row = PagedKV(st.kv.pages, table[row: row + 1], st.kv.max_len)
+        else:
+            kv_row = st.kv[:, :, row: row + 1]  # a view: the prefill writes into the batch's cache
+        tokens = torch.tensor([ids], dtype=torch.int64, device=dev)
+        logits, hidden = target.prefill(tokens, torch.tensor([len(ids)], dtype=torch.int32, device=dev), kv_row)
+        first = (self.sampling or SamplingParams(0.0)).sample(logits)
+        st.cache_len[row] = len(ids)
+        st.hidden[row] = hidden[0].to(st.hidden.dtype)
+        st.token[row] = first[0]
+        st.out[row].zero_()
+        for name in ("num_out", "steps", "nodes"):
+            getattr(st, name)[row] = 0
+        st.limit[row] = limit
+        st.eos[row] = -1 if eos_id is None else eos_id
+        st.done[row] = limit == 0
+        self._free.remove(row)
+        return row
+
+    @torch.no_grad()
+    def retire(self, row: int) -> list[int]:
+        """Free ``row`` (finished or not) and return the tokens it generated; its paged blocks go
+        back to the pool."""
+        self._check_row("retire", row)
+        if row in self._free:
+            raise ValueError(f"Batch.retire: row {row} is not busy (retired twice?)")
+        st = self.state
+        n = int(st.num_out[row])  # sync-ok: between steps, the request leaves
+        tokens = st.out[row, :n].tolist()  # sync-ok
+        st.done[row] = True
+        st.cache_len[row] = 0  # room for the scratch tree of a free row
+        if self.pool is not None:
+            table = st.kv.block_table
+            table[row].copy_(self._parking_row(table.shape[1], table.device))
+            self.pool.release(self._blocks.pop(row))
+        self._free.append(row)
+        return tokens
+
+    def finished(self) -> list[int]:
+        """Busy rows that are done (one host read)."""
+        done = self.state.done.tolist()  # sync-ok: the scheduler's read between steps
+        return [r for r in self.busy if done[r]]
+
+    def step(self, drafter, *, beam_width: int | None = None, beam_length: int | None = None, ops=None) -> Tensor:
+        """One ``decode_step`` over every row (free rows commit nothing). (W, L) default to the
+        batch's and may be any shape whose trie fits (N <= the batch's)."""
+        W = self.W if beam_width is None else beam_width
+        L = self.L if beam_length is None else beam_length
+        if num_nodes_max(W, L) > self.N or L > self.L:
+            raise ValueError(f"Batch.step: W={W}, L={L} is larger than the batch was sized for ({self.W}, {self.L})")
+        return decode_step(self.target, drafter, self.state, beam_width=W, beam_length=L, ops=ops,
+                           sampling=self.sampling)
