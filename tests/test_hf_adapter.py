@@ -193,3 +193,14 @@ def test_docs_example_runs(models):
                        beam_length=ns["L"], eos_id=ns["eos"])
     assert ns["outputs"] == want.tokens
     assert len(ns["outputs"]) == len(ns["prompts"]) >= 2
+
+
+def test_adapters_reachable_from_the_package():
+    # README's `rx.adapters.hf.HFTarget` works after a plain `import redrafter_ext`, loaded lazily
+    import subprocess
+    import sys
+
+    code = ("import sys, redrafter_ext as rx; assert 'redrafter_ext.adapters.hf' not in sys.modules; "
+            "print(rx.adapters.hf.HFTarget.__name__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "HFTarget", r.stderr[-2000:]

@@ -18,7 +18,7 @@ __all__ = ["LlamaConfig"]
 if find_spec("torch") is not None:
     import torch  # noqa: F401  (the native module has no RPATH to libtorch: load torch first)
 
-    from . import ops, reference
+    from . import adapters, ops, reference
     from .decode import DecodeState, GenerateOutput, SamplingParams, autoregressive_generate, decode_step, generate
     from .drafter import Drafter, DrafterConfig, beam_search
     from .models import LlamaTarget, PagedKV
@@ -26,6 +26,7 @@ if find_spec("torch") is not None:
     from .serving import Batch, BlockPool
 
     __all__ += [
+        "adapters",
         "ops",
         "reference",
         "DecodeState",

@@ -9,4 +9,13 @@ nothing beyond torch.
 
 from __future__ import annotations
 
+import importlib
+
 __all__ = ["hf"]
+
+
+def __getattr__(name: str):
+    # `rx.adapters.hf` works without a separate import, and importing redrafter_ext stays cheap
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
