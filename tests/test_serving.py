@@ -142,3 +142,44 @@ def test_docs_example_runs():
     for r, prompt in enumerate(ns["requests"]):
         want = rx.autoregressive_generate(ns["target"], [prompt], 16 + 2 * r).tokens[0]
         assert ns["outputs"][r] == want, r
+
+
+def test_row_uniforms_are_uniform_and_per_row():
+    from redrafter_ext.serving import row_uniforms
+
+    seed = torch.tensor([0, 1, 12345, 2**62 + 7])
+    counter = torch.tensor([0, 5, 9, 3])
+    u = row_uniforms(seed, counter, 50_000)
+    assert u.dtype == torch.float32 and u.shape == (4, 50_000)
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    # each row's stream depends on its own seed and counter only
+    assert torch.equal(row_uniforms(seed[2:3], counter[2:3], 50_000)[0], u[2])
+    # chi-square over 64 bins per row (p > 1e-4 at 63 dof: statistic < ~112)
+    for row in u:
+        counts = torch.bincount((row * 64).long(), minlength=64).double()
+        stat = float(((counts - row.numel() / 64) ** 2 / (row.numel() / 64)).sum())
+        assert stat < 112, stat
+    assert not torch.equal(u[0], u[1])
+
+
+def test_sampled_request_does_not_depend_on_its_batch(target):
+    drafter = random_drafter(target, seed=4)
+    params = rx.SamplingParams(1.0, 20, 0.95)
+
+    def alone(prompt, seed):
+        b = rx.Batch(target, 1, 16, 64, beam_width=2, beam_length=3, sampling=params)
+        b.admit(prompt, seed=seed)
+        while not b.finished():
+            b.step(drafter)
+        return b.retire(0)
+
+    want = alone([5, 17, 3, 9], seed=11)
+    assert want != alone([5, 17, 3, 9], seed=12)  # another seed, another sample (16 tokens at T=1)
+    b = rx.Batch(target, 3, 16, 64, beam_width=2, beam_length=3, sampling=params)
+    b.admit([60, 2], seed=1)
+    b.step(drafter)
+    row = b.admit([5, 17, 3, 9], seed=11)  # admitted mid-run, beside other rows
+    b.admit([11, 12, 13], seed=2)
+    while row not in b.finished():
+        b.step(drafter)
+    assert b.retire(row) == want

@@ -28,7 +28,33 @@ from .decode import DecodeState, SamplingParams, decode_step
 from .models import PagedKV
 from .reference import num_nodes_max
 
-__all__ = ["Batch", "BlockPool"]
+__all__ = ["Batch", "BlockPool", "row_uniforms"]
+
+_M64 = (1 << 64) - 1
+
+
+def _i64(x: int) -> int:
+    """An unsigned 64-bit constant as the int64 torch computes with (two's complement)."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shr(x: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def row_uniforms(seed: Tensor, counter: Tensor, n: int) -> Tensor:
+    """``(B, n)`` float32 uniforms in [0, 1) from a per-row ``seed (B,)`` and ``counter (B,)`` (int64),
+    by the splitmix64 finaliser of ``seed``, ``counter`` and the column: each row's stream depends
+    on its own seed and counter only, so a request samples the same tokens whatever rows share its
+    batch. 24 bits, as ``torch.rand``'s float32. Device ops only (no host read)."""
+    col = torch.arange(n, device=seed.device, dtype=torch.int64)
+    x = seed[:, None] * _i64(0x9E3779B97F4A7C15) + counter[:, None] * _i64(0xD1B54A32D192ED03) + col[None, :]
+    x = x + _i64(0x9E3779B97F4A7C15)
+    x = (x ^ _shr(x, 30)) * _i64(0xBF58476D1CE4E5B9)
+    x = (x ^ _shr(x, 27)) * _i64(0x94D049BB133111EB)
+    x = x ^ _shr(x, 31)
+    return _shr(x, 40).to(torch.float32) * (1.0 / (1 << 24))
 
 
 class BlockPool:
@@ -74,8 +100,9 @@ class Batch:
             ``prompt + max_new_tokens + N`` of them.
         beam_width, beam_length: the largest trie the batch will run (N = 1 + W*(L-1)).
         paged: use a paged cache with ``num_blocks`` blocks of ``block_size`` slots.
-        sampling: ``SamplingParams`` for the first token of each request and every step (None:
-            greedy).
+        sampling: ``SamplingParams`` (temperature, top-k, top-p) of every request (None: greedy);
+            each request draws its uniforms from its own ``seed`` (``admit``) and step counter
+            (``row_uniforms``), so its tokens do not depend on the other rows.
     """
 
     def __init__(self, target, rows: int, max_new_tokens: int, max_len: int, *, beam_width: int = 4,
@@ -116,6 +143,8 @@ class Batch:
         )
         self.max_len = max_len
         self._free = list(range(rows))
+        self.seed = torch.zeros(rows, dtype=torch.int64, device=dev)  # per-row sampling streams
+        self.draws = torch.zeros(rows, dtype=torch.int64, device=dev)
 
     def _parking_row(self, width: int, device) -> Tensor:
         """A block-table row over the parking blocks only (a free row's scratch tree lands there)."""
@@ -142,7 +171,7 @@ class Batch:
     # -- admit / retire -------------------------------------------------------------------------
     @torch.no_grad()
     def admit(self, prompt: Sequence[int], *, row: int | None = None, max_new_tokens: int | None = None,
-              eos_id: int | None = None) -> int:
+              eos_id: int | None = None, seed: int = 0) -> int:
         """Prefill ``prompt`` into a free row (the lowest, or ``row``) and return the row.
 
         Other rows keep their cache and progress. Raises before anything is written when the row
@@ -162,6 +191,8 @@ class Batch:
         if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
                                    or not 0 <= eos_id < target.vocab_size):
             raise ValueError(f"Batch.admit: eos_id must be None or an int in [0, {target.vocab_size}), got {eos_id!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63:
+            raise ValueError(f"Batch.admit: seed must be an int in [0, 2**63), got {seed!r}")
         (ids,) = prompt_rows([prompt], target.vocab_size)
         need = len(ids) + limit + self.slack
         if need > self.max_len:
@@ -182,7 +213,11 @@ class Batch:
             kv_row = st.kv[:, :, row: row + 1]  # a view: the prefill writes into the batch's cache
         tokens = torch.tensor([ids], dtype=torch.int64, device=dev)
         logits, hidden = target.prefill(tokens, torch.tensor([len(ids)], dtype=torch.int32, device=dev), kv_row)
-        first = (self.sampling or SamplingParams(0.0)).sample(logits)
+        self.seed[row] = seed
+        self.draws[row] = 0
+        u = row_uniforms(self.seed[row: row + 1], self.draws[row: row + 1], 1)[:, 0]
+        first = (self.sampling or SamplingParams(0.0)).sample(logits, u)
+        self.draws[row] = 1
         st.cache_len[row] = len(ids)
         st.hidden[row] = hidden[0].to(st.hidden.dtype)
         st.token[row] = first[0]
@@ -226,5 +261,12 @@ class Batch:
         L = self.L if beam_length is None else beam_length
         if num_nodes_max(W, L) > self.N or L > self.L:
             raise ValueError(f"Batch.step: W={W}, L={L} is larger than the batch was sized for ({self.W}, {self.L})")
+        uniforms = None
+        if self.sampling is not None and not self.sampling.greedy:
+            # this step's uniforms, one stream per row: (accept_u (B, L-1, W), sample_u (B,))
+            u = row_uniforms(self.seed, self.draws, (L - 1) * W + 1)
+            B = u.shape[0]
+            uniforms = (u[:, 1:].reshape(B, L - 1, W), u[:, 0].contiguous())
+            self.draws.add_(1)
         return decode_step(self.target, drafter, self.state, beam_width=W, beam_length=L, ops=ops,
-                           sampling=self.sampling)
+                           sampling=self.sampling, uniforms=uniforms)
