@@ -130,6 +130,37 @@ def cache_room_error(op: str, row: int, cache_len: int, N: int, S: int) -> str:
     )
 
 
+def check_beam_shape(op: str, beam_width, beam_length) -> None:
+    if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1 \
+            or isinstance(beam_length, bool) or not isinstance(beam_length, int) or beam_length < 1:
+        raise ValueError(f"{op}: beam_width and beam_length must be ints >= 1, got {beam_width!r}, {beam_length!r}")
+
+
+def check_state_sizes(op: str, target, batches: dict[str, int], hidden_cols: int, max_new_tokens, eos_id,
+                      beam_width: int, beam_length: int, S: int, out_cols: int) -> int:
+    """The framework-free part of ``DecodeState.check`` (torch and MLX): one batch size over the
+    fields (``batches``: field -> its batch), the hidden width, the scalars, the trie's room in the
+    cache and the output buffer's width. Returns B."""
+    from ._shape_checks import common_batch
+
+    B = common_batch(op, batches)
+    if hidden_cols != target.hidden_size:
+        raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size}), "
+                         f"got ({batches.get('state.hidden')}, {hidden_cols})")
+    m = max_new_tokens
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        raise ValueError(f"{op}: state.max_new_tokens must be an int >= 0, got {m!r}")
+    e = eos_id
+    if e is not None and (isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < target.vocab_size):
+        raise ValueError(f"{op}: state.eos_id must be None or an int in [0, {target.vocab_size}), got {e!r}")
+    N = 1 + beam_width * (beam_length - 1)
+    if N > S:
+        raise ValueError(f"{op}: the trie needs N = 1 + W*(L-1) = {N} cache slots but the cache has S = {S}")
+    if out_cols < m + beam_length:
+        raise ValueError(f"{op}: state.out needs max_new_tokens + L = {m + beam_length} columns, got {out_cols}")
+    return B
+
+
 def check_every_arg(check_every: int) -> int:
     if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
         raise ValueError(f"generate: check_every must be an int >= 1, got {check_every!r}")

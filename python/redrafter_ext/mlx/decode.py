@@ -30,14 +30,15 @@ import mlx.core as mx
 from .._generate_common import (
     GenerateOutput,
     cache_length,
+    check_beam_shape,
     check_context,
     check_every_arg,
     check_generate_args,
     check_sampling,
+    check_state_sizes,
     prompt_rows,
     run_until_done,
 )
-from .._shape_checks import common_batch
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
 from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
@@ -163,9 +164,7 @@ class DecodeState:
     def check(self, target, beam_width: int, beam_length: int) -> None:
         """Metadata checks of every field (no values are read)."""
         op = "decode_step"
-        if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1 \
-                or isinstance(beam_length, bool) or not isinstance(beam_length, int) or beam_length < 1:
-            raise ValueError(f"{op}: beam_width and beam_length must be ints >= 1, got {beam_width!r}, {beam_length!r}")
+        check_beam_shape(op, beam_width, beam_length)
         check_array(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
         if self.kv.shape[1] != 2:
             raise ValueError(f"{op}: state.kv must have shape (n_layers, 2, B, H_kv, S, D), got {tuple(self.kv.shape)}")
@@ -178,22 +177,8 @@ class DecodeState:
         batches = {"state.kv": self.kv.shape[2], "state.hidden": self.hidden.shape[0], "state.out": self.out.shape[0]}
         for name in ("cache_len", "token", "num_out", "done", "steps", "nodes"):
             batches[f"state.{name}"] = getattr(self, name).shape[0]
-        B = common_batch(op, batches)
-        if self.hidden.shape[1] != target.hidden_size:
-            raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size}), "
-                             f"got {tuple(self.hidden.shape)}")
-        m = self.max_new_tokens
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-            raise ValueError(f"{op}: state.max_new_tokens must be an int >= 0, got {m!r}")
-        e = self.eos_id
-        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < target.vocab_size):
-            raise ValueError(f"{op}: state.eos_id must be None or an int in [0, {target.vocab_size}), got {e!r}")
-        N = num_nodes_max(beam_width, beam_length)
-        if N > S:
-            raise ValueError(f"{op}: the trie needs N = 1 + W*(L-1) = {N} cache slots but the cache has S = {S}")
-        if self.out.shape[1] < m + beam_length:
-            raise ValueError(f"{op}: state.out needs max_new_tokens + L = {m + beam_length} columns, "
-                             f"got {self.out.shape[1]}")
+        check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id, beam_width,
+                          beam_length, S, self.out.shape[1])
 
 
 def decode_step(
