@@ -137,21 +137,22 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     pass
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m redrafter_ext.demo", description=__doc__, formatter_class=_Formatter)
     p.add_argument("--model", "-m", default=DEFAULT_MODEL,
                    help="smollm2-135m-instruct, tiny, or a Hugging Face Llama folder")
-    p.add_argument("--drafter", default=None, help="drafter folder (default: the one shipped for --model)")
+    p.add_argument("--drafter", default=None, help="drafter folder (None: the one shipped for --model)")
     p.add_argument("--prompt", "-p", action="append", default=None,
-                   help="answer this prompt instead of the held-out ones (repeatable)")
+                   help="answer this prompt (repeatable; None: the held-out prompts)")
     # defaults: the best batch-1 configuration measured on this project's 2-core CPU (bench/e2e.py)
-    p.add_argument("--beam-width", "-W", type=int, default=2)
+    p.add_argument("--beam-width", "-W", type=int, default=2, help="beams drafted per step")
     p.add_argument("--beam-length", "-L", type=int, default=5, help="tokens per beam, the guaranteed one included")
-    p.add_argument("--batch-size", "-B", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", "-B", type=int, default=1, help="prompts decoded together")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt at most")
     p.add_argument("--prompts", type=int, default=4, help="held-out prompts to decode")
     p.add_argument("--prompt-chars", type=int, default=200, help="tiny model: characters per held-out prompt")
-    p.add_argument("--ops", choices=("native", "reference"), default="native")
+    p.add_argument("--ops", choices=("native", "reference"), default="native",
+                   help="the native kernels or the pure-PyTorch reference ops")
     p.add_argument("--random-weights", action="store_true", help="a small random model (no checkpoint needed)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0: the cores the load average leaves free)")
@@ -162,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass (1: all)")
     p.add_argument("--seed", type=int, default=0, help="sampling: seed of the uniforms")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     threads, warning = choose_threads(a.threads)
     torch.set_num_threads(threads)
     if warning:
