@@ -202,3 +202,21 @@ def test_smollm2_greedy_equals_ar_on_heldout(smollm2, W, L):
     ar3 = rx.autoregressive_generate(target, prompts, 16, eos_id=2)
     out3 = rx.generate(target, drafter.float(), prompts, 16, beam_width=W, beam_length=L, eos_id=2)
     assert out3.tokens == ar3.tokens
+
+
+def test_reduced_vocab_drafter_mlx_matches_torch(tmp_path):
+    """The MLX drafter loads the same reduced-head checkpoint and drafts the same real ids."""
+    mx = pytest.importorskip("mlx.core")
+    import numpy as np
+
+    import redrafter_ext.mlx as rxm
+
+    torch.manual_seed(0)
+    d = rx.Drafter(rx.DrafterConfig(32, 100, 1, draft_vocab_size=12)).eval()
+    d.set_vocab_map(torch.randperm(100)[:12])
+    d.save_pretrained(tmp_path / "d")
+    m = rxm.Drafter.from_pretrained(tmp_path / "d", dtype=mx.float32)
+    embed, h, g = torch.randn(100, 32), torch.randn(2, 32), torch.tensor([98, 5])
+    want = d.beam_search(h, g, embed, 3, 4, rx.reference)
+    got = m.beam_search(mx.array(h.numpy()), mx.array(g.numpy()), mx.array(embed.numpy()), 3, 4, rxm.reference)
+    assert np.array(got).tolist() == want.tolist()
