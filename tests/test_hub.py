@@ -220,3 +220,21 @@ def test_reduced_vocab_drafter_mlx_matches_torch(tmp_path):
     want = d.beam_search(h, g, embed, 3, 4, rx.reference)
     got = m.beam_search(mx.array(h.numpy()), mx.array(g.numpy()), mx.array(embed.numpy()), 3, 4, rxm.reference)
     assert np.array(got).tolist() == want.tolist()
+
+
+def test_column_major_copies_same_results_and_go_stale_safely():
+    torch.manual_seed(0)
+    t = rx.LlamaTarget(rx.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)).eval()
+    T = 7
+    args = (torch.randint(0, 97, (2, T)), torch.arange(T).expand(2, T), torch.tril(torch.ones(T, T, dtype=torch.bool))
+            .expand(2, T, T), torch.zeros(2, dtype=torch.int32))
+    with torch.no_grad():
+        want = t(*args, t.new_kv_cache(2, T))[0]
+        got = t.use_column_major_copies()(*args, t.new_kv_cache(2, T))[0]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        # after a dtype change the stale float32 copies are ignored, not used
+        t.to(torch.bfloat16)
+        got16 = t(*args, t.new_kv_cache(2, T))[0]
+        t.use_column_major_copies(False)
+        torch.testing.assert_close(got16, t(*args, t.new_kv_cache(2, T))[0])
