@@ -1,7 +1,7 @@
 """Batch-size benchmark: greedy AR vs ReDrafter throughput and per-token latency vs batch size.
 
     python bench/batch.py [--model smollm2-135m-instruct|tiny|PATH] [--quick] [--threads 1]
-                          [--batches 1 2 4 8 16 32] [-W 2 -L 5] [--runs 3]
+                          [--batches 1 2 4 8 16 32] [-W 1 -L 3] [--runs 3]
 
 A fixed pool of prompts with mixed lengths is decoded in batches of B rows, for every B (the same
 work at every B). Rows stop at EOS at different steps: by default (``--eos auto``) a chat model's
@@ -81,8 +81,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=DEFAULT_MODEL, help="smollm2-135m-instruct, tiny, or a Hugging Face Llama folder")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one shipped for --model)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
-    p.add_argument("--beam-width", "-W", type=int, default=2)
-    p.add_argument("--beam-length", "-L", type=int, default=5)
+    p.add_argument("--beam-width", "-W", type=int, default=1)
+    p.add_argument("--beam-length", "-L", type=int, default=3)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--pool", type=int, default=None, help="prompts decoded at every B (default: the largest B)")

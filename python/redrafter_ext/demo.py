@@ -1,6 +1,6 @@
 """Demo: autoregressive decoding vs ReDrafter on a real chat model (greedy: outputs checked equal).
 
-    python -m redrafter_ext.demo                       # SmolLM2-135M-Instruct, 4 held-out prompts, W=2 L=5
+    python -m redrafter_ext.demo                       # SmolLM2-135M-Instruct, 4 held-out prompts, W=1 L=3
     python -m redrafter_ext.demo --prompt "Why is the sky blue?"
     python -m redrafter_ext.demo --model tiny          # the small 5M model trained on Python code
     python -m redrafter_ext.demo --model PATH [--drafter PATH]   # any Hugging Face Llama folder
@@ -145,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", "-p", action="append", default=None,
                    help="answer this prompt (repeatable; None: the held-out prompts)")
     # defaults: the best batch-1 configuration measured on this project's 2-core CPU (bench/e2e.py)
-    p.add_argument("--beam-width", "-W", type=int, default=2, help="beams drafted per step")
-    p.add_argument("--beam-length", "-L", type=int, default=5, help="tokens per beam, the guaranteed one included")
+    p.add_argument("--beam-width", "-W", type=int, default=1, help="beams drafted per step")
+    p.add_argument("--beam-length", "-L", type=int, default=3, help="tokens per beam, the guaranteed one included")
     p.add_argument("--batch-size", "-B", type=int, default=1, help="prompts decoded together")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt at most")
     p.add_argument("--prompts", type=int, default=4, help="held-out prompts to decode")

@@ -113,6 +113,12 @@ def convert_gguf(gguf: str | Path, out: str | Path, *, progress: bool = True) ->
         plain.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
         (tmp / "redrafter_source.json").write_text(json.dumps(_source_stamp(gguf), indent=2) + "\n")
+        # mkdtemp creates the folder private (0700): give it the usual permissions before it appears
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~umask)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
