@@ -539,7 +539,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="target: a folder, 'tiny' (the package's checkpoints/target) or 'smollm2-135m-instruct'")
     p.add_argument("--out", default=d.out, help="output folder (default: the package's checkpoint for the target)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--minutes", type=float, default=None, help="total budget: data generation + training + evaluation")
+    p.add_argument("--minutes", type=float, default=None,
+                   help="total budget: data generation + training + evaluation (chat targets: training + "
+                   "evaluation; --data-minutes bounds their data generation)")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--num-layers", type=int, default=d.num_layers)
     p.add_argument("--K", type=int, default=d.K, help="look-ahead steps trained")

@@ -139,7 +139,6 @@ def train_chat(cfg: DistillConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    t0 = time.time()
     data = Path(cfg.data)
     heldout = data / "heldout"
     # reproducible data: generated here unless the folders already hold it (resumable)
@@ -151,6 +150,7 @@ def train_chat(cfg: DistillConfig) -> dict:
     if not list(heldout.glob("part-*.pt")):
         generate_chat_data(ChatDataConfig(target=cfg.target, out=str(heldout), passes="0", split="heldout",
                                           seed=cfg.seed, threads=cfg.threads))
+    t0 = time.time()  # --minutes budgets the training: data generation is bounded by --data-minutes
     model, _, folder = load_hf_target(cfg.target)
     embed = model.get_input_embeddings().weight.detach().float()
     if not torch.equal(embed, model.get_output_embeddings().weight.detach().float()):
