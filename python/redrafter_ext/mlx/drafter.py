@@ -64,14 +64,18 @@ class Drafter(nn.Module):
     """ReDrafter drafter: ``rnn_w`` (H->H), ``rnn_u`` (H->H + bias), ``blocks`` (num_layers x
     Linear(2H, 2H)), ``lm_head`` (Linear(2H, V)); parameter names match the torch checkpoint."""
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_layers: int = 2) -> None:
+    def __init__(self, hidden_size: int, vocab_size: int, num_layers: int = 2,
+                 draft_vocab_size: int | None = None) -> None:
         super().__init__()
         H, V = hidden_size, vocab_size
         self.hidden_size, self.vocab_size, self.num_layers = H, V, num_layers
         self.rnn_w = nn.Linear(H, H, bias=False)
         self.rnn_u = nn.Linear(H, H, bias=True)
         self.blocks = [nn.Linear(2 * H, 2 * H) for _ in range(num_layers)]
-        self.lm_head = nn.Linear(2 * H, V, bias=False)
+        self.lm_head = nn.Linear(2 * H, V if draft_vocab_size is None else draft_vocab_size, bias=False)
+        # reduced head: real token id of each head row (see redrafter_ext.drafter)
+        if draft_vocab_size is not None:
+            self.vocab_map = mx.arange(draft_vocab_size, dtype=mx.int32)
 
     @property
     def dtype(self) -> mx.Dtype:
@@ -106,13 +110,22 @@ class Drafter(nn.Module):
         dtype = self.dtype
         h = hidden.astype(dtype)[:, None, :]  # [B, 1, H]
 
+        vmap = self.get("vocab_map")
+        calls = [0]
+
         def step(prev: mx.array, state: mx.array) -> tuple[mx.array, mx.array]:
+            if vmap is not None and calls[0] > 0:  # beams hold draft indices after the first step
+                prev = mx.take(vmap, prev, axis=0)
+            calls[0] += 1
             emb = mx.take(embed_weight, prev, axis=0).astype(dtype)
             state = self.rnn_step(emb, state)
             return self.logits(h, state), state
 
         state0 = mx.zeros((B, beam_width, H), dtype=dtype)
-        return beam_search(step, state0, token, beam_width, beam_length, ops)
+        beams = beam_search(step, state0, token, beam_width, beam_length, ops)
+        if vmap is None:
+            return beams
+        return mx.concatenate([beams[:, :, :1], mx.take(vmap, beams[:, :, 1:], axis=0)], axis=2)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, dtype: mx.Dtype | None = None) -> Drafter:
@@ -122,10 +135,11 @@ class Drafter(nn.Module):
         if not cfg_path.is_file():
             raise FileNotFoundError(f"Drafter.from_pretrained: no {CONFIG_NAME} in {folder}")
         cfg = json.loads(cfg_path.read_text())
-        model = cls(cfg["hidden_size"], cfg["vocab_size"], cfg.get("num_layers", 2))
+        model = cls(cfg["hidden_size"], cfg["vocab_size"], cfg.get("num_layers", 2), cfg.get("draft_vocab_size"))
         weights = mx.load(str(folder / WEIGHTS_NAME))
-        dtype = dtype or next(iter(weights.values())).dtype
-        model.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=True)
+        dtype = dtype or weights["lm_head.weight"].dtype
+        model.load_weights([(k, v.astype(mx.int32 if k == "vocab_map" else dtype)) for k, v in weights.items()],
+                           strict=True)
         model.eval()
         mx.eval(model.parameters())
         return model

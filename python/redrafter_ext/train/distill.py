@@ -84,6 +84,14 @@ class DistillConfig:
     # corpus subset (tests)
     limit_files: int | None = None
     corpus_root: str | None = None
+    # chat targets (distill_chat): data folder, reduced head, sampling passes
+    data: str | None = None  # default: <cache>/distill/<target name>
+    draft_vocab: int | None = 8192  # head over the most frequent tokens (chat targets only)
+    chat_passes: str = "0,0.7,0.7"  # temperature of each pass over the training prompts
+    data_minutes: float | None = None  # stop generating new chat data after this long
+    regenerate_data: bool = False
+    bf16: bool = False  # chat: bf16 autocast (pays only on CPUs with bf16 matmul units: AMX/avx512_bf16)
+    save_every_minutes: float = 5.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,7 +242,9 @@ def distill_loss(drafter: Drafter, h: Tensor, emb: Tensor, th: Tensor, head: Ten
     (< 1 concentrates the drafter on the target's argmax, which is what greedy verification
     accepts), plus ``hard_weight`` x CE on the argmax. Returns (loss, KL per step, agreement per step)."""
     logits = drafter.unroll(h, emb).float()  # [B, K, V]
-    with torch.no_grad():
+    # the teacher in float32 even under autocast: sharpening magnifies bf16 rounding of its logits
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        th, head = th.float(), head.float()
         t_logp = torch.log_softmax((th @ head.T) / teacher_temperature, dim=-1)  # [B, K, V]
         t_p = t_logp.exp()
         t_arg = t_logp.argmax(-1)
@@ -347,7 +357,34 @@ def _fmt(r: dict) -> str:
 # training
 
 
+def is_chat_target(target: str) -> bool:
+    """A named chat model, or a folder whose tokenizer has a chat template."""
+    from ..hub import MODELS
+
+    if target in MODELS:
+        return target != "tiny"
+    folder = Path(target)
+    if (folder / "chat_template.jinja").is_file():
+        return True
+    try:
+        return bool(json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError):
+        return False
+
+
 def train(cfg: DistillConfig) -> dict:
+    if cfg.target == "tiny":
+        cfg.target = str(_CKPT / "target")
+    if is_chat_target(cfg.target):
+        from ..hub import cache_dir, drafter_folder
+        from .distill_chat import train_chat
+
+        name = Path(cfg.target).name
+        if cfg.data is None:
+            cfg.data = str(cache_dir() / "distill" / name)
+        if cfg.out == DistillConfig.out:
+            cfg.out = str(drafter_folder(cfg.target))
+        return train_chat(cfg)
     torch.set_flush_denormal(True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -498,10 +535,13 @@ def train(cfg: DistillConfig) -> dict:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     d = DistillConfig()
-    p.add_argument("--target", default=d.target, help="trained target folder (default: the package's checkpoints/target)")
-    p.add_argument("--out", default=d.out, help="output folder (default: the package's checkpoints/drafter)")
+    p.add_argument("--target", default=d.target,
+                   help="target: a folder, 'tiny' (the package's checkpoints/target) or 'smollm2-135m-instruct'")
+    p.add_argument("--out", default=d.out, help="output folder (default: the package's checkpoint for the target)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--minutes", type=float, default=None, help="total budget: data generation + training + evaluation")
+    p.add_argument("--minutes", type=float, default=None,
+                   help="total budget: data generation + training + evaluation (chat targets: training + "
+                   "evaluation; --data-minutes bounds their data generation)")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--num-layers", type=int, default=d.num_layers)
     p.add_argument("--K", type=int, default=d.K, help="look-ahead steps trained")
@@ -528,6 +568,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reserve-minutes", type=float, default=d.reserve_minutes)
     p.add_argument("--limit-files", type=int, default=None, help="use only the first N files of each split (tests)")
     p.add_argument("--corpus-root", default=None)
+    g = p.add_argument_group("chat targets (e.g. --target smollm2-135m-instruct)")
+    g.add_argument("--data", default=None, help="chat data folder (default: <cache>/distill/<target>); "
+                   "generated there if empty, resumable")
+    g.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
+                   help="drafter head over this many most frequent response tokens (0: full vocabulary)")
+    g.add_argument("--chat-passes", default=d.chat_passes, help="temperature per pass over the prompts (0: greedy)")
+    g.add_argument("--data-minutes", type=float, default=None, help="stop generating chat data after this long")
+    g.add_argument("--regenerate-data", action="store_true")
+    g.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast (faster only with AMX/avx512_bf16; 4x slower than float32 without)")
+    g.add_argument("--save-every-minutes", type=float, default=d.save_every_minutes)
 
 
 def config_from_args(a: argparse.Namespace) -> DistillConfig:
