@@ -29,23 +29,18 @@ from redrafter_ext.policy import SpeculationPolicy
 
 
 def load(model: str):
-    if hasattr(rx, "load_model"):
-        target, drafter, tok = rx.load_model(model)
-        return target, drafter, tok
-    from tokenizers import Tokenizer
+    """(target, drafter, Text) as the demo and the other benches load them."""
+    from redrafter_ext.demo import load_named
 
-    from redrafter_ext.demo import CHECKPOINTS
-
-    target = rx.LlamaTarget.from_pretrained(CHECKPOINTS / "target", dtype=torch.float32)
-    return target, rx.Drafter.from_pretrained(CHECKPOINTS / "drafter"), Tokenizer.from_file(
-        str(CHECKPOINTS / "target" / "tokenizer.json"))
+    target, drafter, text, _ = load_named(model)
+    return target, drafter, text
 
 
-def prompts_for(target, tok, n: int, rng: np.random.Generator) -> list[list[int]]:
-    from redrafter_ext.demo import load_prompt_ids
-
-    ids = load_prompt_ids(tok, max(n, 4), 96, target.vocab_size)
-    return [ids[i % len(ids)][: int(rng.integers(8, 96))] or ids[i % len(ids)][:8] for i in range(n)]
+def prompts_for(text, n: int, rng: np.random.Generator) -> list[list[int]]:
+    """n held-out prompts (cycled), chat prompts whole, others cut to 8..95 tokens."""
+    held = [ids for _, ids in text.heldout(min(n, 32), 400)]
+    out = [held[i % len(held)] for i in range(n)]
+    return out if text.kind == "chat" else [p[: int(rng.integers(8, 96))] for p in out]
 
 
 def pct(xs, q):
@@ -107,7 +102,7 @@ def run(method, target, drafter, reqs, arrivals, args, policy=None):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="model name for rx.load_model, or a folder")
+    ap.add_argument("--model", default="tiny", help="tiny, smollm2-135m-instruct, or a HF Llama folder")
     ap.add_argument("--rates", type=float, nargs="+", default=[0.5, 2.0, 8.0], help="arrival rates, requests/s")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--rows", type=int, default=4, help="rows of the in-flight batch")
@@ -120,9 +115,9 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/serve")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    target, drafter, tok = load(args.model)
+    target, drafter, text = load(args.model)
     rng = np.random.default_rng(args.seed)
-    reqs = prompts_for(target, tok, args.requests, rng)
+    reqs = prompts_for(text, args.requests, rng)
     want = [rx.autoregressive_generate(target, [p], args.max_new).tokens[0] for p in reqs]
     policy = SpeculationPolicy(window=args.window)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
