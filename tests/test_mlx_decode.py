@@ -227,7 +227,7 @@ def test_decode_step_does_no_host_reads(tiny, forbid_host_reads, monkeypatch, sa
     forbid_host_reads()
     # negative control: the guard catches a host read
     with pytest.raises(RuntimeError, match="host read"):
-        rxm.decode._all_done(state)
+        rxm.decode._progress(state)
     with pytest.raises(RuntimeError, match="host read"):
         np.asarray(mx.array([1, 2]))
     for _ in range(2):
