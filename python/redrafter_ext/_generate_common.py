@@ -32,7 +32,7 @@ def _is_int(x: object) -> bool:
 
 def _row_list(p: object) -> object:
     """A row as a Python list when it is an array (torch, NumPy, MLX), else unchanged."""
-    return p.tolist() if hasattr(p, "tolist") and not isinstance(p, (list, tuple)) else p
+    return p.tolist() if hasattr(p, "tolist") and not isinstance(p, (list, tuple)) else p  # sync-ok: prompts, before decoding
 
 
 def prompt_rows(prompts: Iterable[Iterable[int]], vocab_size: int) -> list[list[int]]:

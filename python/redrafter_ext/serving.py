@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ._generate_common import check_context, prompt_rows
-from .decode import DecodeState, SamplingParams, decode_step
+from .decode import _GREEDY, DecodeState, SamplingParams, decode_step
 from .models import PagedKV
 from .reference import num_nodes_max
 
@@ -216,7 +216,7 @@ class Batch:
         self.seed[row] = seed
         self.draws[row] = 0
         u = row_uniforms(self.seed[row: row + 1], self.draws[row: row + 1], 1)[:, 0]
-        first = (self.sampling or SamplingParams(0.0)).sample(logits, u)
+        first = (self.sampling or _GREEDY).sample(logits, u)
         self.draws[row] = 1
         st.cache_len[row] = len(ids)
         st.hidden[row] = hidden[0].to(st.hidden.dtype)
