@@ -120,14 +120,14 @@ def generate_chat_data(cfg: ChatDataConfig) -> Path:
     temps = [float(x) for x in cfg.passes.split(",")]
     (out / "config.json").write_text(json.dumps({**asdict(cfg), "target_folder": str(folder), "eos": eos,
                                                  "num_train_prompts": len(texts)}, indent=2) + "\n")
-    # batches of one temperature, prompts of similar length together (less padding); passes in order
-    # so a stopped run holds whole passes, batch order shuffled within a pass
+    # batches of one temperature, prompts of similar length together (less padding); all passes'
+    # batches shuffled together, so a run stopped by --minutes holds each pass in proportion
     jobs = []
     for p, T in enumerate(temps):
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         batches = [order[i : i + cfg.batch] for i in range(0, len(order), cfg.batch)]
-        random.Random(cfg.seed + p).shuffle(batches)
         jobs += [(p, T, b) for b in batches]
+    random.Random(cfg.seed).shuffle(jobs)
     t0 = time.time()
     n_tok = 0
     bar = tqdm(total=len(jobs), desc="chat data", unit="batch", dynamic_ncols=True)

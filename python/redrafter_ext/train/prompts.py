@@ -27,6 +27,15 @@ _SUBJECTS = [
     "the human brain", "deserts", "coral reefs", "space telescopes", "trains", "origami",
     "the Pythagorean theorem", "time zones", "soap", "the metric system", "wind turbines",
     "fermentation", "the Cold War", "Shakespeare", "whales", "3D printing", "batteries",
+    "the Eiffel Tower", "photosynthesis in algae", "the Nile River", "elephants", "microplastics",
+    "the Mars rovers", "the theory of evolution", "opera", "the human skeleton", "lightning",
+    "electric guitars", "the Byzantine Empire", "credit cards", "smartphones", "wolves", "mushrooms",
+    "the Arctic", "mountain climbing", "the Great Barrier Reef", "blood types", "magnets",
+    "the Aztecs", "video games", "yoga", "cheese making", "the Mona Lisa", "owls", "rice farming",
+    "submarines", "the Milky Way", "the ozone layer", "email", "the Vikings", "photography",
+    "friendship", "minimalism", "the United Nations", "skyscrapers", "octopuses", "the violin",
+    "spreadsheets", "rain forests in Asia", "the Apollo program", "chocolate", "password security",
+    "the French language", "tornadoes", "ants", "public transport", "the Olympic marathon",
 ]
 
 _TEMPLATES = [
@@ -148,14 +157,11 @@ _HELDOUT = [
 def train_prompts(n: int | None = None, seed: int = 0) -> list[str]:
     """The training pool (deterministic), shuffled with ``seed``; the first ``n`` when given.
 
-    Subject x template pairs are subsampled (each subject gets 5 templates) so the pool is varied
-    rather than dominated by one template; every standalone prompt is included once.
+    Every subject x template pair (about 2,700 prompts with the standalone ones): answers to a
+    drafter's training prompts must outnumber what it can memorise (a drafter fitted to 88k tokens
+    of 494 prompts agreed with the target on 94% of training positions but 36% of held-out ones).
     """
-    rng = random.Random(1234)
-    pool = []
-    for s in _SUBJECTS:
-        for t in rng.sample(_TEMPLATES, 5):
-            pool.append(t.format(s=s))
+    pool = [t.format(s=s) for s in _SUBJECTS for t in _TEMPLATES]
     for template, items in _STANDALONE_TEMPLATES:
         pool += [template.format(t=t) for t in items]
     held = set(_HELDOUT)
