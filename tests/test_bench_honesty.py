@@ -75,3 +75,22 @@ def test_demo_help_shows_defaults_and_docstring_matches(capsys):
     first = next(line for line in demo.__doc__.splitlines() if "python -m redrafter_ext.demo" in line)
     assert f"W={W} L={L}" in first and p.get_default("model") in first.lower()
     assert f"{p.get_default('prompts')} held-out prompts" in first
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_batch_bench_rows_policy_and_no_idle_steps(tmp_path, temperature):
+    batch = _load("batch")
+    assert batch.main(["--model", "tiny", "--batches", "1", "3", "--configs", "1x3", "2x3", "--runs", "2",
+                       "--max-new-tokens", "8", "--rows", "3", "--threads", "1", "-T", str(temperature),
+                       "--out", str(tmp_path), "--name", "b"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "b.csv")))
+    assert [(r["method"], r["B"]) for r in rows] == [(m, B) for B in ("1", "3") for m in ("ar", "1x3", "2x3", "policy")]
+    for r in rows:
+        assert r["threads"] == "1" and float(r["loadavg1"]) >= 0 and float(r["temperature"]) == temperature
+        lo, hi = map(float, r["speedup_spread"].split(".."))
+        assert lo - 0.01 <= float(r["speedup"]) <= hi + 0.01
+        assert (r["suspect"] != "") == (float(r["speedup"]) > float(r["tokens_per_step"]) * 1.0001)
+        assert r["idle_steps"] == "0"  # generate reads "all done" before any step could run idle
+        if r["method"] == "policy":
+            assert r["best_static"] in ("1x3", "2x3") and float(r["vs_best"]) > 0
+    assert (tmp_path / "b.png").is_file()

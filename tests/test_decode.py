@@ -370,6 +370,18 @@ def test_generate_with_eos_wastes_fewer_than_check_every_steps(target, ar3):
         assert 0 <= out.calls - max(out.steps) < check_every, (check_every, out.calls, out.steps)
 
 
+def test_cpu_default_reads_every_step_so_no_step_runs_idle_at_eos(target, ar3):
+    # on a CPU a host read costs nothing, so the default is to read after every step
+    eos = ar3.tokens[1][5]
+    drafter = random_drafter(target, seed=3)
+    want = rx.autoregressive_generate(target, PROMPTS_3, 48, eos_id=eos)
+    assert want.calls == max(want.steps)
+    for kw in (dict(beam_width=2, beam_length=3), dict(policy=rx.SpeculationPolicy(menu=((1, 3), (2, 3)), window=3))):
+        out = rx.generate(target, drafter, PROMPTS_3, 48, eos_id=eos, **kw)
+        assert out.tokens == want.tokens
+        assert out.calls == max(out.steps), (kw, out.calls, out.steps)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
 def test_generate_rejects_bad_check_every(target, bad):
     with pytest.raises(ValueError, match="check_every"):

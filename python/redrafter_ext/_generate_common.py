@@ -161,7 +161,12 @@ def check_state_sizes(op: str, target, batches: dict[str, int], hidden_cols: int
     return B
 
 
-def check_every_arg(check_every: int) -> int:
+def check_every_arg(check_every: int | None, device=None) -> int:
+    """The validated read interval; None: 1 on a CPU (reading host memory costs nothing there, and
+    a step run after every row stopped at EOS costs a whole step), 4 on an accelerator (a read
+    waits for the device)."""
+    if check_every is None:
+        return 1 if device is not None and getattr(device, "type", None) == "cpu" else 4
     if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
         raise ValueError(f"generate: check_every must be an int >= 1, got {check_every!r}")
     return check_every

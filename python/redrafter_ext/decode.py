@@ -343,13 +343,16 @@ def _run_policy(target, drafter, state: DecodeState, policy: SpeculationPolicy, 
     calls = 0
     while not done and calls < state.max_new_tokens:
         (W, L), n = policy.choose(rows, context)
-        n = min(n, steps_until_check(check_every, remaining, L, eos), state.max_new_tokens - calls)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            decode_step(target, drafter, state, beam_width=W, beam_length=L, check_room=False, **step_kw)
-        calls += n
-        done, remaining, rows_now, tokens_now, row_steps_now = _progress(state)
-        policy.observe((W, L), rows, n, time.perf_counter() - t0, tokens_now - tokens, row_steps_now - row_steps,
+        n = min(n, state.max_new_tokens - calls)
+        t0, ran = time.perf_counter(), 0
+        while ran < n and not done:  # the window, with the loop's own reads (EOS, limits) inside it
+            k = min(n - ran, steps_until_check(check_every, remaining, L, eos))
+            for _ in range(k):
+                decode_step(target, drafter, state, beam_width=W, beam_length=L, check_room=False, **step_kw)
+            ran += k
+            done, remaining, rows_now, tokens_now, row_steps_now = _progress(state)
+        calls += ran
+        policy.observe((W, L), rows, ran, time.perf_counter() - t0, tokens_now - tokens, row_steps_now - row_steps,
                        context)
         rows, tokens, row_steps = rows_now, tokens_now, row_steps_now
     return _finish(state, calls)
@@ -467,7 +470,7 @@ def generate(
     beam_length: int | str = 4,
     eos_id: int | None = None,
     ops: ModuleType | None = None,
-    check_every: int = 4,
+    check_every: int | None = None,
     max_len: int | None = None,
     timer: StageTimer | None = None,
     temperature: float = 0.0,
@@ -489,8 +492,9 @@ def generate(
             its calibration. Greedy output is identical to plain decoding whatever it picks.
         eos_id: stop a row after it commits this token.
         check_every: with an ``eos_id``, read the rows' progress on the host at least once every this many
-            steps; reads are also placed where a row can first reach ``max_new_tokens``, so without
-            EOS no step runs after the last row finished.
+            steps (default: every step on a CPU, where a read costs nothing, 4 on an accelerator);
+            reads are also placed where a row can first reach ``max_new_tokens``, so without EOS no
+            step runs after the last row finished.
         max_len: cache length S (default: just enough).
         timer: optional ``StageTimer`` collecting per-stage time.
         temperature, top_k, top_p: sampling (``SamplingParams``); temperature 0 (the default) is
@@ -506,7 +510,7 @@ def generate(
         sampling: distributed as ``autoregressive_generate``'s with the same options, and
         reproducible for a given seed.
     """
-    check_every_arg(check_every)
+    check_every = check_every_arg(check_every, target.embed_weight.device)
     auto = (beam_width == "auto", beam_length == "auto")
     if any(auto) and not all(auto):
         raise ValueError("generate: beam_width and beam_length are 'auto' together (a policy picks both), "
@@ -535,7 +539,7 @@ def autoregressive_generate(
     max_new_tokens: int,
     *,
     eos_id: int | None = None,
-    check_every: int = 4,
+    check_every: int | None = None,
     max_len: int | None = None,
     temperature: float = 0.0,
     top_k: int = 0,
@@ -547,9 +551,10 @@ def autoregressive_generate(
 
     Greedy by default; ``temperature > 0`` samples each token from the target's distribution after
     temperature, top-k and top-p (``reference.sampling_probs``), uniforms from one generator seeded
-    with ``seed``: the baseline ``generate`` matches in distribution. ``paged_kv`` as in ``generate``.
+    with ``seed``: the baseline ``generate`` matches in distribution. ``paged_kv`` and
+    ``check_every`` as in ``generate``.
     """
-    check_every_arg(check_every)
+    check_every = check_every_arg(check_every, target.embed_weight.device)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device) or SamplingParams(0.0)
     state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling, paged_kv)
     return _run(lambda: _ar_step(target, state, sampling), state, 1, check_every)
