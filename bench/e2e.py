@@ -10,8 +10,11 @@ in ``rows_equal_ar`` instead of stopping the run); then AR and ReDrafter are tim
 machine load hits both alike, and the speedup is the median of the per-pair ratios with its spread
 (min..max). Every row records the 1-minute load average and the torch thread count. A speedup above
 tokens per step is impossible for a step that costs at least one AR step, so such a row is flagged
-``suspect`` (a timing artefact, e.g. a load change inside a pair). Writes ``e2e.csv`` and
-``e2e.png`` (speedup with min..max error bars, and tokens/step vs W, L; load and threads in the title).
+``suspect`` (a timing artefact, e.g. a load change inside a pair). Unless ``--no-policy``, a last row
+per batch size (W = L = ``auto``) runs the adaptive ``SpeculationPolicy`` (default menu; one policy
+for the whole run) the same way; its ``vs_best`` is its speedup over the best fixed (W, L) row's.
+Writes ``e2e.csv`` and ``e2e.png`` (speedup with min..max error bars, and tokens/step vs W, L, the
+policy as a horizontal line; load and threads in the title).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import torch
 
 import redrafter_ext as rx
 from redrafter_ext.demo import DEFAULT_MODEL, DTYPES, load_named
+from redrafter_ext.policy import SpeculationPolicy
 from redrafter_ext.profiling import STAGES, StageTimer, choose_threads
 
 HEADER = ["B", "W", "L", "N", "ar_tok_s", "ar_spread", "rd_tok_s", "rd_spread", "speedup", "speedup_min",
-          "speedup_max", "tokens_per_step", "nodes_per_step", "suspect", "rows_equal_ar", *[f"ms_{s}" for s in STAGES],
+          "speedup_max", "tokens_per_step", "nodes_per_step", "suspect", "rows_equal_ar", "vs_best", *[f"ms_{s}" for s in STAGES],
           "threads", "loadavg1"]
 
 
@@ -70,6 +74,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="target dtype (greedy equality with AR is only promised in float32)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--no-policy", action="store_true",
+                   help="skip the adaptive policy's row (beam_width=beam_length='auto', default menu)")
     p.add_argument("--temperature", "-T", type=float, default=0.0, help="0: greedy (default); > 0: sampling")
     p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass (1: all)")
@@ -99,6 +105,8 @@ def main(argv=None) -> int:
     csv_file = open(a.out / "e2e.csv", "w", newline="")  # noqa: SIM115
     writer = csv.DictWriter(csv_file, fieldnames=HEADER)
     writer.writeheader()
+    # one policy for the whole run, as an engine keeps one: it calibrates once per row bucket
+    policy = None if a.no_policy else SpeculationPolicy()
     for B in a.batches:
         prompts = [ids for _, ids in text.heldout(max(a.prompts, B) // B * B)]
         batches = [prompts[i : i + B] for i in range(0, len(prompts), B)]
@@ -109,9 +117,58 @@ def main(argv=None) -> int:
 
         ar_tokens = [row for o in run_ar() for row in o.tokens]
         n_tok = sum(map(len, ar_tokens))
+
+        def measure(W, L, N, gen, B=B, ar_tokens=ar_tokens, n_tok=n_tok, run_ar=run_ar):
+            """Check ``gen`` against AR (greedy), time it interleaved with AR, write its row."""
+            timer = StageTimer()
+            first = gen(timer)  # correctness first (and the stage split; the policy calibrates here)
+            got = [row for o in first for row in o.tokens]
+            same = sum(x == y for x, y in zip(got, ar_tokens))
+            if greedy and got != ar_tokens:
+                print(f"MISMATCH at B={B} W={W} L={L}: ReDrafter output differs from AR in "
+                      f"{len(got) - same}/{len(got)} rows", file=sys.stderr)
+                if a.dtype == "float32":
+                    return False
+            rd_tok = sum(map(len, got))  # == n_tok when greedy; a seed fixes it when sampling
+            steps = sum(sum(o.steps) for o in first)
+            nodes = sum(sum(o.nodes) for o in first)
+            load0 = os.getloadavg()[0]
+            t_ar, t_rd = interleaved(run_ar, gen, a.runs)
+            load = (load0 + os.getloadavg()[0]) / 2
+            ar_tps = [n_tok / t for t in t_ar]
+            rd_tps = [rd_tok / t for t in t_rd]
+            ratios = [r / q for r, q in zip(rd_tps, ar_tps)]
+            split = timer.split()
+            row_steps = max(1, steps // B)  # batched steps: rows advance together
+            tps = rd_tok / max(1, steps)
+            speedup = statistics.median(ratios)
+            r = {
+                "B": B, "W": W, "L": L, "N": N,
+                "ar_tok_s": statistics.median(ar_tps), "ar_spread": f"{min(ar_tps):.1f}..{max(ar_tps):.1f}",
+                "rd_tok_s": statistics.median(rd_tps), "rd_spread": f"{min(rd_tps):.1f}..{max(rd_tps):.1f}",
+                "speedup": speedup, "speedup_min": min(ratios), "speedup_max": max(ratios),
+                "tokens_per_step": tps, "nodes_per_step": nodes / max(1, steps),
+                "suspect": "speedup>tokens/step" if speedup > tps else "",
+                "rows_equal_ar": f"{same}/{len(got)}" if greedy else "", "vs_best": "",
+                **{f"ms_{s}": 1e3 * split[s] / row_steps for s in STAGES},
+                "threads": threads, "loadavg1": round(load, 2),
+            }
+            if W == "auto":
+                best = max((q for q in rows if q["B"] == B and q["W"] != "auto"), key=lambda q: q["speedup"],
+                           default=None)
+                r["vs_best"] = speedup / best["speedup"] if best else ""
+            if r["suspect"]:
+                print(f"# SUSPECT: B={B} W={W} L={L}: speedup {speedup:.2f}x exceeds {tps:.2f} tokens/step "
+                      "(impossible when a step costs at least one AR step): a load change during timing?",
+                      file=sys.stderr)
+            rows.append(r)
+            writer.writerow(r)
+            csv_file.flush()
+            print(" | ".join(f"{r[h]:.2f}" if isinstance(r[h], float) else str(r[h]) for h in HEADER), flush=True)
+            return True
+
         for W in a.widths:
             for L in a.lengths:
-                N = 1 + W * (L - 1)
 
                 def gen(timer=None, W=W, L=L, batches=batches):
                     return [
@@ -120,50 +177,19 @@ def main(argv=None) -> int:
                         for c in batches
                     ]
 
-                timer = StageTimer()
-                first = gen(timer)  # correctness first (and the stage split)
-                got = [row for o in first for row in o.tokens]
-                same = sum(x == y for x, y in zip(got, ar_tokens))
-                if greedy and got != ar_tokens:
-                    print(f"MISMATCH at B={B} W={W} L={L}: ReDrafter output differs from AR in "
-                          f"{len(got) - same}/{len(got)} rows", file=sys.stderr)
-                    if a.dtype == "float32":
-                        return 1
-                rd_tok = sum(map(len, got))  # == n_tok when greedy; a seed fixes it when sampling
-                steps = sum(sum(o.steps) for o in first)
-                nodes = sum(sum(o.nodes) for o in first)
-                load0 = os.getloadavg()[0]
-                t_ar, t_rd = interleaved(run_ar, gen, a.runs)
-                load = (load0 + os.getloadavg()[0]) / 2
-                ar_tps = [n_tok / t for t in t_ar]
-                rd_tps = [rd_tok / t for t in t_rd]
-                ratios = [r / q for r, q in zip(rd_tps, ar_tps)]
-                split = timer.split()
-                row_steps = max(1, steps // B)  # batched steps: rows advance together
-                tps = rd_tok / max(1, steps)
-                speedup = statistics.median(ratios)
-                r = {
-                    "B": B, "W": W, "L": L, "N": N,
-                    "ar_tok_s": statistics.median(ar_tps), "ar_spread": f"{min(ar_tps):.1f}..{max(ar_tps):.1f}",
-                    "rd_tok_s": statistics.median(rd_tps), "rd_spread": f"{min(rd_tps):.1f}..{max(rd_tps):.1f}",
-                    "speedup": speedup, "speedup_min": min(ratios), "speedup_max": max(ratios),
-                    "tokens_per_step": tps, "nodes_per_step": nodes / max(1, steps),
-                    "suspect": "speedup>tokens/step" if speedup > tps else "",
-                    "rows_equal_ar": f"{same}/{len(got)}" if greedy else "",
-                    **{f"ms_{s}": 1e3 * split[s] / row_steps for s in STAGES},
-                    "threads": threads, "loadavg1": round(load, 2),
-                }
-                if r["suspect"]:
-                    print(f"# SUSPECT: B={B} W={W} L={L}: speedup {speedup:.2f}x exceeds {tps:.2f} tokens/step "
-                          "(impossible when a step costs at least one AR step): a load change during timing?",
-                          file=sys.stderr)
-                rows.append(r)
-                writer.writerow(r)
-                csv_file.flush()
-                print(" | ".join(f"{r[h]:.2f}" if isinstance(r[h], float) else str(r[h]) for h in HEADER), flush=True)
+                if not measure(W, L, 1 + W * (L - 1), gen):
+                    return 1
+        if policy is not None:
+
+            def gen_policy(timer=None, batches=batches):
+                return [rx.generate(target, drafter, c, a.max_new_tokens, policy=policy, eos_id=eos, timer=timer,
+                                    **sampling) for c in batches]
+
+            if not measure("auto", "auto", policy.max_nodes, gen_policy):
+                return 1
 
     csv_file.close()
-    best = max((r for r in rows if r["B"] == 1 and not r["suspect"]), key=lambda r: r["speedup"], default=None)
+    best = max((r for r in rows if r["B"] == 1 and not r["suspect"] and r["W"] != "auto"), key=lambda r: r["speedup"], default=None)
     if best:
         print(f"# best at batch 1: W={best['W']} L={best['L']}: {best['speedup']:.2f}x "
               f"({best['speedup_min']:.2f}..{best['speedup_max']:.2f}), {best['tokens_per_step']:.2f} tokens/step")
@@ -187,7 +213,7 @@ def plot(rows, path: Path, title: str = "") -> None:
     batches = sorted({r["B"] for r in rows})
     fig, axes = plt.subplots(2, len(batches), figsize=(5 * len(batches), 8), squeeze=False)
     for j, B in enumerate(batches):
-        for W in sorted({r["W"] for r in rows}):
+        for W in sorted({r["W"] for r in rows if r["W"] != "auto"}):
             rs = sorted((r for r in rows if r["B"] == B and r["W"] == W), key=lambda r: r["L"])
             sp = [r["speedup"] for r in rs]
             err = [[max(0.0, s - r["speedup_min"]) for s, r in zip(sp, rs)],
@@ -195,6 +221,9 @@ def plot(rows, path: Path, title: str = "") -> None:
             axes[0][j].errorbar([r["L"] for r in rs], sp, yerr=err, marker="o", capsize=3, label=f"W={W}")
             axes[1][j].plot([r["L"] for r in rs], [r["tokens_per_step"] for r in rs], marker="o", label=f"W={W}")
         axes[0][j].axhline(1.0, color="gray", lw=0.8)
+        for r in (r for r in rows if r["B"] == B and r["W"] == "auto"):
+            axes[0][j].axhline(r["speedup"], color="black", ls="--", lw=1.2, label="policy (auto)")
+            axes[1][j].axhline(r["tokens_per_step"], color="black", ls="--", lw=1.2, label="policy (auto)")
         axes[0][j].set(title=f"batch {B}: speedup over AR", xlabel="beam length L", ylabel="speedup")
         axes[1][j].set(title=f"batch {B}: tokens per step", xlabel="beam length L", ylabel="tokens/step")
         axes[0][j].legend()

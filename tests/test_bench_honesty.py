@@ -43,6 +43,7 @@ def test_e2e_csv_records_load_threads_and_flags(tmp_path):
         assert lo <= mid <= hi
         # a speedup above tokens/step must be flagged, and only then
         assert (r["suspect"] != "") == (mid > float(r["tokens_per_step"]))
+    assert [r["W"] for r in rows][-1] == "auto" and float(rows[-1]["vs_best"]) > 0  # the policy's row
     assert (tmp_path / "e2e.png").is_file()
 
 
