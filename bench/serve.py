@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import redrafter_ext as rx
-from redrafter_ext.policy import SpeculationPolicy
+from redrafter_ext.policy import PolicyWindows, SpeculationPolicy
 
 
 def load(model: str):
@@ -56,7 +56,7 @@ def run(method, target, drafter, reqs, arrivals, args, policy=None):
     waiting, row_of, admitted, first, out = [], {}, {}, {}, {}
     t0 = time.perf_counter()
     nxt, entry, left, win_steps = 0, (W, L), 0, 0
-    rows_at, tok_at, steps_at, win_t = 0, 0, 0, t0
+    windows = PolicyWindows(policy) if policy else None
     while len(out) < len(reqs):
         now = time.perf_counter() - t0
         while nxt < len(reqs) and arrivals[nxt] <= now:
@@ -73,11 +73,9 @@ def run(method, target, drafter, reqs, arrivals, args, policy=None):
             st = batch.state
             active = int((~st.done).sum())  # sync-ok: the scheduler's read
             tokens, steps = int(st.num_out.sum()), int(st.steps.sum())
-            if rows_at:
-                policy.observe(entry, rows_at, win_steps, time.perf_counter() - win_t, tokens - tok_at,
-                               steps - steps_at)
-            entry, left = policy.choose(max(1, active))
-            rows_at, tok_at, steps_at, win_t, win_steps = max(1, active), tokens, steps, time.perf_counter(), left
+            windows.observe(win_steps, tokens, steps)
+            entry, left = windows.choose(active, tokens, steps)
+            win_steps = left
         we, le = (1, 1) if method == "ar" else entry
         batch.step(drafter, beam_width=we, beam_length=le)
         left = max(0, left - 1)

@@ -156,3 +156,23 @@ def test_plain_step_with_explicit_uniform_samples_like_verify_sample(target):
     rx.decode_step(target, drafter, state, beam_width=1, beam_length=1, sampling=rx.SamplingParams(0.8, 20, 0.9),
                    uniforms=(no_accept, u))
     assert torch.equal(state.token, want)
+
+
+def test_policy_windows_report_each_window_from_its_own_counters(monkeypatch):
+    from redrafter_ext import policy as policy_mod
+
+    clock = iter([10.0, 10.4, 20.0, 20.2])
+    monkeypatch.setattr(policy_mod.time, "perf_counter", lambda: next(clock))
+    p = SpeculationPolicy(menu=((1, 4),), probe=2)
+    w = policy_mod.PolicyWindows(p, context="ctx")
+    w.observe(3, 100, 100)  # nothing open yet: ignored
+    assert p.seconds_per_step == {}
+    entry, n = w.choose(0, 50, 40)  # no active row counts as one
+    assert (entry, n) == ((1, 1), 2)
+    w.observe(2, 52, 42)  # 2 steps in 0.4 s, 2 tokens over 2 row-steps
+    assert p.seconds_per_step[("ctx", (1, 1), 1)] == pytest.approx(0.2)
+    entry, n = w.choose(1, 52, 42)
+    w.observe(2, 58, 44)  # 2 steps of (1, 4): 6 tokens over 2 row-steps in 0.2 s
+    assert entry == (1, 4)
+    assert p.seconds_per_step[("ctx", (1, 4), 1)] == pytest.approx(0.1)
+    assert p.tokens_per_row_step[("ctx", (1, 4))] == pytest.approx(3.0)

@@ -20,7 +20,6 @@ a seed reproduces the output exactly. Temperature 0 is greedy decoding, bit for 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from ._generate_common import (
     steps_until_check,
 )
 from .models import PagedKV
-from .policy import SpeculationPolicy
+from .policy import PolicyWindows, SpeculationPolicy
 from .profiling import StageTimer
 from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
 
@@ -339,22 +338,20 @@ def _run_policy(target, drafter, state: DecodeState, policy: SpeculationPolicy, 
     sp = step_kw["sampling"]
     context = None if sp is None else (float(sp.temperature), int(sp.top_k), float(sp.top_p))
     eos = state.eos_id is not None
+    windows = PolicyWindows(policy, context)
     done, remaining, rows, tokens, row_steps = _progress(state)
     calls = 0
     while not done and calls < state.max_new_tokens:
-        (W, L), n = policy.choose(rows, context)
-        n = min(n, state.max_new_tokens - calls)
-        t0, ran = time.perf_counter(), 0
+        (W, L), n = windows.choose(rows, tokens, row_steps)
+        n, ran = min(n, state.max_new_tokens - calls), 0
         while ran < n and not done:  # the window, with the loop's own reads (EOS, limits) inside it
             k = min(n - ran, steps_until_check(check_every, remaining, L, eos))
             for _ in range(k):
                 decode_step(target, drafter, state, beam_width=W, beam_length=L, check_room=False, **step_kw)
             ran += k
-            done, remaining, rows_now, tokens_now, row_steps_now = _progress(state)
+            done, remaining, rows, tokens, row_steps = _progress(state)
         calls += ran
-        policy.observe((W, L), rows, ran, time.perf_counter() - t0, tokens_now - tokens, row_steps_now - row_steps,
-                       context)
-        rows, tokens, row_steps = rows_now, tokens_now, row_steps_now
+        windows.observe(ran, tokens, row_steps)
     return _finish(state, calls)
 
 

@@ -24,9 +24,10 @@ identical to plain decoding under any sequence of choices.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_MENU", "SpeculationPolicy"]
+__all__ = ["DEFAULT_MENU", "PolicyWindows", "SpeculationPolicy"]
 
 # (W, L): plain decoding, two single beams and one small tree (each entry costs a calibration window
 # per row bucket, so the menu stays short)
@@ -135,3 +136,39 @@ class SpeculationPolicy:
                 best, best_tp = entry, tp
         self._interval.pop((context, best, _bucket(rows)), None)
         return best, self.window
+
+
+class PolicyWindows:
+    """A loop's bookkeeping around a ``SpeculationPolicy``: what was chosen, from which progress
+    counters and when, so that the window's cost and gain can be reported when it ends.
+
+    An engine calling ``decode_step`` itself, at each of its host reads::
+
+        windows = PolicyWindows(policy, context)          # context: e.g. the sampling options
+        (W, L), n = windows.choose(active_rows, tokens, row_steps)
+        ... n (or fewer) decode_step(..., beam_width=W, beam_length=L) ...
+        windows.observe(steps_run, tokens, row_steps)      # counters read after the window
+
+    ``tokens`` and ``row_steps`` are running totals over the batch (``state.num_out.sum()``,
+    ``state.steps.sum()``); the wall clock runs from ``choose`` to ``observe``.
+    """
+
+    def __init__(self, policy: SpeculationPolicy, context=None) -> None:
+        self.policy, self.context = policy, context
+        self._open = None  # (entry, rows, tokens, row_steps, t0) of the window in flight
+
+    def choose(self, rows: int, tokens: int, row_steps: int) -> tuple[tuple[int, int], int]:
+        """The entry for the next window and its length in steps; starts the window's clock."""
+        rows = max(1, int(rows))
+        entry, n = self.policy.choose(rows, self.context)
+        self._open = (entry, rows, int(tokens), int(row_steps), time.perf_counter())
+        return entry, n
+
+    def observe(self, steps: int, tokens: int, row_steps: int) -> None:
+        """End the window in flight after ``steps`` steps (a no-op when none is open)."""
+        if self._open is None:
+            return
+        entry, rows, tok0, rs0, t0 = self._open
+        self._open = None
+        self.policy.observe(entry, rows, steps, time.perf_counter() - t0, int(tokens) - tok0, int(row_steps) - rs0,
+                            self.context)
