@@ -176,3 +176,16 @@ def test_policy_windows_report_each_window_from_its_own_counters(monkeypatch):
     assert entry == (1, 4)
     assert p.seconds_per_step[("ctx", (1, 4), 1)] == pytest.approx(0.1)
     assert p.tokens_per_row_step[("ctx", (1, 4))] == pytest.approx(3.0)
+
+
+def test_docs_policy_example_runs():
+    import re
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "integration.md"
+    m = re.search(r"<!-- example: policy loop -->\s*```python\n(.*?)```", docs.read_text(), re.S)
+    assert m, "docs/integration.md lost its policy example"
+    ns: dict = {}
+    exec(compile(m.group(1), "integration.md", "exec"), ns)  # noqa: S102
+    want = rx.autoregressive_generate(ns["target"], [[5, 17, 300, 41, 9, 2, 64], [7, 7, 1000, 12]], 32)
+    assert ns["outputs"] == want.tokens  # greedy: plain decoding's tokens whatever the policy chose
