@@ -33,6 +33,25 @@ inline void check_float_dtype(const char* op, const char* name, const at::Tensor
                    " must have dtype float32, float16 or bfloat16, got ", s);
 }
 
+// An argument of one exact dtype (float32 uniforms and scores, int32 lengths and block ids), on the
+// device of `like`, with `ndim` dims.
+inline void check_exact(const char* op, const char* name, const at::Tensor& t, int64_t ndim, const char* dims,
+                        at::ScalarType dtype, const at::Tensor& like) {
+  check_dim(op, name, t, ndim, dims);
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, op, ": ", name, " must have dtype ",
+                   dtype == at::kFloat ? "float32" : dtype == at::kInt ? "int32" : c10::toString(dtype),
+                   ", got ", t.scalar_type());
+  check_same_device(op, name, t, like);
+}
+
+// An index argument (int32 or int64) with `ndim` dims on the device of `like`.
+inline void check_index(const char* op, const char* name, const at::Tensor& t, int64_t ndim, const char* dims,
+                        const at::Tensor& like) {
+  check_dim(op, name, t, ndim, dims);
+  check_index_dtype(op, name, t);
+  check_same_device(op, name, t, like);
+}
+
 inline void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
@@ -53,6 +72,26 @@ void check_kv_compact_inputs(const at::Tensor& kv, const at::Tensor& cache_len, 
 void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor& block_table,
                                    const at::Tensor& cache_len, const at::Tensor& path_nodes,
                                    const at::Tensor& accept_len);
+
+// The row rule of kv_compact and kv_compact_paged, read on the host by the CPU launchers (the
+// CUDA kernels guard the same rule on the device): accept_len a in [-1, L-1], cache_len c in
+// [0, S], and at every accepted position i <= a, path[i] >= i and c + path[i] < S. `s_is` says
+// what S is in messages; `accepted(i, p)` is called at each accepted position after its checks.
+template <typename I, typename F>
+void check_kv_row(const char* op, int64_t b, int64_t c, const I* path, int64_t L, int64_t a, int64_t S,
+                  const char* s_is, F&& accepted) {
+  TORCH_CHECK_VALUE(a >= -1 && a <= L - 1, op, ": accept_len[", b, "] = ", a, " must be in [-1, L-1 = ", L - 1,
+                    "] (-1: inactive row)");
+  TORCH_CHECK_VALUE(c >= 0 && c <= S, op, ": cache_len[", b, "] = ", c, " must be in [0, S = ", S, "] (", s_is, ")");
+  for (int64_t i = 0; i <= a; ++i) {
+    const int64_t p = static_cast<int64_t>(path[i]);
+    TORCH_CHECK_VALUE(p >= i, op, ": path_nodes[", b, ", ", i, "] = ", p,
+                      " must satisfy path_nodes[b, i] >= i (an accepted node is never before its position)");
+    TORCH_CHECK_VALUE(c + p < S, op, ": cache_len[", b, "] + path_nodes[", b, ", ", i, "] = ", c, " + ", p,
+                      " exceeds the row capacity S = ", S, " (", s_is, ")");
+    accepted(i, p);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Input preparation shared by the CPU and CUDA launchers (after their checks and device guard).
