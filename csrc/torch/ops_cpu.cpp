@@ -9,6 +9,7 @@
 #include <limits>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "torch/checks.h"
@@ -193,7 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(con
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "verify_greedy: logits must be a CPU tensor for the CPU kernel");
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
   const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
-  at::Tensor target = at::empty({B, NL}, logits.options().dtype(at::kInt));  // per-node argmax cache
+  at::Tensor argmax = at::empty({B, NL}, logits.options().dtype(at::kInt));  // per-node argmax cache
   AT_DISPATCH_INDEX_TYPES(idx, "verify_greedy", [&] {
     const index_t* bm = beams.const_data_ptr<index_t>();
     const index_t* bn = beam_node.const_data_ptr<index_t>();
@@ -205,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(con
       const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * V));
       at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
         cpu::verify_greedy<T, index_t>(logits.const_data_ptr<T>(), NL, V, bm, bn, W, L,
-                                       target.mutable_data_ptr<int32_t>(), accept_len.mutable_data_ptr<int32_t>(),
+                                       argmax.mutable_data_ptr<int32_t>(), accept_len.mutable_data_ptr<int32_t>(),
                                        best_beam.mutable_data_ptr<int32_t>(), path_nodes.mutable_data_ptr<int32_t>(),
                                        next_token.mutable_data_ptr<int32_t>(), b0, b1);
       });
@@ -281,19 +282,8 @@ void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at:
     const index_t* acc = accept_len.const_data_ptr<index_t>();
     const int32_t* len = lens.const_data_ptr<int32_t>();
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t a = static_cast<int64_t>(acc[b]);
-      TORCH_CHECK_VALUE(a >= -1 && a <= L - 1, "kv_compact: accept_len[", b, "] = ", a,
-                        " must be in [-1, L-1 = ", L - 1, "] (-1: inactive row)");
-      const int64_t c = len[b];
-      TORCH_CHECK_VALUE(c >= 0 && c <= S, "kv_compact: cache_len[", b, "] = ", c, " must be in [0, S = ", S,
-                        "] (kv.shape[4])");
-      for (int64_t i = 0; i <= a; ++i) {
-        const int64_t p = static_cast<int64_t>(path[b * L + i]);
-        TORCH_CHECK_VALUE(p >= i, "kv_compact: path_nodes[", b, ", ", i, "] = ", p,
-                          " must satisfy path_nodes[b, i] >= i (an accepted node is never before its position)");
-        TORCH_CHECK_VALUE(c + p < S, "kv_compact: cache_len[", b, "] + path_nodes[", b, ", ", i, "] = ", c, " + ", p,
-                          " exceeds the cache length S = ", S, " (kv.shape[4])");
-      }
+      check_kv_row("kv_compact", b, len[b], path + b * L, L, static_cast<int64_t>(acc[b]), S, "kv.shape[4]",
+                   [](int64_t, int64_t) {});
     }
     if (kv.numel() > 0) {
       const int64_t units = kv.size(0) * 2 * B * H;
@@ -301,6 +291,75 @@ void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at:
       uint8_t* base = static_cast<uint8_t*>(kv.mutable_data_ptr());
       at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
         cpu::kv_compact<index_t>(base, B, H, S, slot_bytes, len, path, L, acc, u0, u1);
+      });
+    }
+    cpu::kv_compact_advance<index_t>(lens.mutable_data_ptr<int32_t>(), acc, B);
+  });
+  finish_kv_compact(cache_len, args);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kv_compact_paged (in place): every value, block ids included, is checked before anything is written
+
+constexpr const char* kOp = "kv_compact_paged";
+
+// check_kv_row on one row; appends (physical block, row, logical block) of every block the row
+// reads or writes to `touched`.
+template <typename I>
+void check_paged_row(int64_t b, const int32_t* table, int64_t max_blocks, int64_t block_size, int64_t num_blocks,
+                     int64_t c, const I* path, int64_t L, int64_t a,
+                     std::vector<std::tuple<int64_t, int64_t, int64_t>>& touched) {
+  auto block_of = [&](int64_t s) {
+    const int64_t j = s / block_size, p = table[j];
+    TORCH_CHECK_VALUE(p >= 0 && p < num_blocks, kOp, ": block_table[", b, ", ", j, "] = ", p,
+                      " is not a block id in [0, num_blocks = ", num_blocks, ") (slot ", s, " of row ", b,
+                      " is read or written)");
+    touched.emplace_back(p, b, j);
+  };
+  check_kv_row(kOp, b, c, path, L, a, max_blocks * block_size, "max_blocks * block_size", [&](int64_t i, int64_t p) {
+    block_of(c + i);
+    block_of(c + p);
+  });
+}
+
+void kv_compact_paged_cpu(const at::Tensor& kv_pages, const at::Tensor& block_table_in, const at::Tensor& cache_len,
+                          const at::Tensor& path_nodes_in, const at::Tensor& accept_len_in) {
+  check_kv_compact_paged_inputs(kv_pages, block_table_in, cache_len, path_nodes_in, accept_len_in);
+  TORCH_CHECK_VALUE(kv_pages.is_cpu(), kOp, ": kv_pages must be a CPU tensor for the CPU kernel");
+  const KvCompactArgs args = prepare_kv_compact(cache_len, path_nodes_in, accept_len_in);
+  const auto& [path_nodes, accept_len, lens, idx] = args;
+  const at::Tensor block_table = block_table_in.contiguous();
+  const int64_t n_layers = kv_pages.size(0), num_blocks = kv_pages.size(1), H = kv_pages.size(3);
+  const int64_t block_size = kv_pages.size(4), B = block_table.size(0), max_blocks = block_table.size(1);
+  const int64_t L = path_nodes.size(1);
+  const int64_t slot_bytes = kv_pages.size(5) * static_cast<int64_t>(kv_pages.element_size());
+  AT_DISPATCH_INDEX_TYPES(idx, "kv_compact_paged", [&] {
+    const index_t* path = path_nodes.const_data_ptr<index_t>();
+    const index_t* acc = accept_len.const_data_ptr<index_t>();
+    const int32_t* len = lens.const_data_ptr<int32_t>();
+    const int32_t* table = block_table.const_data_ptr<int32_t>();
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> touched;
+    for (int64_t b = 0; b < B; ++b) {
+      check_paged_row(b, table + b * max_blocks, max_blocks, block_size, num_blocks, len[b], path + b * L, L,
+                      static_cast<int64_t>(acc[b]), touched);
+    }
+    // a physical block reached from two (row, logical block) pairs would make the in-place copies
+    // order-dependent (and means two rows write one block): rejected
+    std::sort(touched.begin(), touched.end());
+    for (size_t t = 1; t < touched.size(); ++t) {
+      const auto& [p0, b0, j0] = touched[t - 1];
+      const auto& [p1, b1, j1] = touched[t];
+      TORCH_CHECK_VALUE(p0 != p1 || (b0 == b1 && j0 == j1), kOp, ": block_table[", b0, ", ", j0,
+                        "] and block_table[", b1, ", ", j1, "] are both block ", p1,
+                        ": the blocks a step reads or writes must belong to one (row, logical block) each");
+    }
+    if (kv_pages.numel() > 0) {
+      const int64_t units = n_layers * 2 * B * H;
+      const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * slot_bytes));
+      uint8_t* base = static_cast<uint8_t*>(kv_pages.mutable_data_ptr());
+      at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+        cpu::kv_compact_paged<index_t>(base, num_blocks, B, H, block_size, slot_bytes, table, max_blocks, len, path,
+                                       L, acc, u0, u1);
       });
     }
     cpu::kv_compact_advance<index_t>(lens.mutable_data_ptr<int32_t>(), acc, B);
@@ -317,6 +376,7 @@ TORCH_LIBRARY_IMPL(redrafter, CPU, m) {
   m.impl("verify_greedy", &verify_greedy_cpu);
   m.impl("verify_sample", &verify_sample_cpu);
   m.impl("kv_compact", &kv_compact_cpu);
+  m.impl("kv_compact_paged", &kv_compact_paged_cpu);
 }
 
 }  // namespace redrafter

@@ -145,6 +145,25 @@ void kv_compact_cuda(const at::Tensor& kv, const at::Tensor& cache_len, const at
   finish_kv_compact(cache_len, a);
 }
 
+// kv_compact_paged: the same, through the block table (block ids guarded by the kernel)
+void kv_compact_paged_cuda(const at::Tensor& kv_pages, const at::Tensor& block_table_in, const at::Tensor& cache_len,
+                           const at::Tensor& path_nodes_in, const at::Tensor& accept_len_in) {
+  constexpr const char* op = "kv_compact_paged";
+  check_kv_compact_paged_inputs(kv_pages, block_table_in, cache_len, path_nodes_in, accept_len_in);
+  check_on_cuda(op, "kv_pages", kv_pages);
+  DeviceGuard guard(kv_pages);
+  const KvCompactArgs a = prepare_kv_compact(cache_len, path_nodes_in, accept_len_in);
+  const at::Tensor block_table = block_table_in.contiguous();
+  check_cuda(cuda::kv_compact_paged(
+                 kv_pages.numel() > 0 ? kv_pages.mutable_data_ptr() : nullptr, kv_pages.size(0), kv_pages.size(1),
+                 kv_pages.size(3), kv_pages.size(4), kv_pages.size(5) * static_cast<int64_t>(kv_pages.element_size()),
+                 block_table.const_data_ptr<int32_t>(), block_table.size(0), block_table.size(1),
+                 a.lens.mutable_data_ptr<int32_t>(), a.path_nodes.const_data_ptr(), a.accept_len.const_data_ptr(),
+                 index_type(a.idx), a.path_nodes.size(1), current_stream(kv_pages)),
+             op);
+  finish_kv_compact(cache_len, a);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(redrafter, CUDA, m) {
@@ -152,8 +171,9 @@ TORCH_LIBRARY_IMPL(redrafter, CUDA, m) {
   m.impl("beam_topk", &beam_topk_cuda);
   m.impl("build_trie", &build_trie_cuda);
   m.impl("verify_greedy", &verify_greedy_cuda);
-  m.impl("kv_compact", &kv_compact_cuda);
   m.impl("verify_sample", &verify_sample_cuda);
+  m.impl("kv_compact", &kv_compact_cuda);
+  m.impl("kv_compact_paged", &kv_compact_paged_cuda);
 }
 
 }  // namespace redrafter
