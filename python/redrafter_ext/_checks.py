@@ -62,6 +62,12 @@ def check_kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_l
     _TORCH.kv_compact(kv, cache_len, path_nodes, accept_len)
 
 
+def check_kv_compact_paged(
+    kv_pages: Tensor, block_table: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor
+) -> None:
+    _TORCH.kv_compact_paged(kv_pages, block_table, cache_len, path_nodes, accept_len)
+
+
 def check_verify_sample(
     logits: Tensor, beams: Tensor, beam_node: Tensor, accept_u: Tensor, sample_u: Tensor,
     temperature: float, top_k: int, top_p: float,
