@@ -44,20 +44,11 @@ from ._generate_common import (
     run_until_done,
     steps_until_check,
 )
+from ._shape_checks import num_nodes_max
 from .models import PagedKV
 from .policy import SpeculationPolicy
 from .profiling import StageTimer
-from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
-
-__all__ = [
-    "DecodeState",
-    "GenerateOutput",
-    "SamplingParams",
-    "decode_step",
-    "generate",
-    "autoregressive_generate",
-    "default_ops",
-]
+from .sampling import sample_inverse_cdf, sampling_probs
 
 
 def default_ops() -> ModuleType:
@@ -325,11 +316,15 @@ def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden,
     state.steps.add_(active.to(torch.int32))
     state.nodes.add_(torch.where(active, num_nodes, 0))
     state.num_out.add_(n_commit)
-    finished = state.num_out >= state.limit
     last_token = torch.gather(path_tokens, 1, last.clamp(min=0)[:, None].to(torch.int64))[:, 0]
-    finished |= (n_commit > 0) & (last_token == state.eos)
-    state.done |= finished
+    _mark_finished(state, n_commit > 0, last_token)
     return n_commit
+
+
+def _mark_finished(state: DecodeState, committed: Tensor, last_token: Tensor) -> None:
+    """The stopping rule of every step: a row is done once it has written its limit of tokens, or
+    when the last token it just committed is its EOS (``num_out`` already counts this step)."""
+    state.done |= (state.num_out >= state.limit) | (committed & (last_token == state.eos))
 
 
 def _run_policy(target, drafter, state: DecodeState, policy: SpeculationPolicy, check_every: int,
@@ -374,8 +369,7 @@ def _ar_step(target, state: DecodeState, sampling: SamplingParams | None, sample
     nxt = (sampling or _GREEDY).sample(logits[:, 0], sample_u)
     state.token.copy_(torch.where(active, nxt, tok))
     state.hidden.copy_(torch.where(active[:, None], hidden[:, 0].to(state.hidden.dtype), state.hidden))
-    finished = (state.num_out >= state.limit) | (active & (tok == state.eos))
-    state.done |= finished
+    _mark_finished(state, active, tok)
     return a
 
 
@@ -546,7 +540,7 @@ def autoregressive_generate(
     """Plain decoding with the same target and cache: one token per forward.
 
     Greedy by default; ``temperature > 0`` samples each token from the target's distribution after
-    temperature, top-k and top-p (``reference.sampling_probs``), uniforms from one generator seeded
+    temperature, top-k and top-p (``sampling.sampling_probs``), uniforms from one generator seeded
     with ``seed``: the baseline ``generate`` matches in distribution. ``paged_kv`` as in ``generate``.
     """
     check_every_arg(check_every)

@@ -39,19 +39,10 @@ from .._generate_common import (
     prompt_rows,
     run_until_done,
 )
+from .._shape_checks import num_nodes_max
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
-from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
-
-__all__ = [
-    "DecodeState",
-    "GenerateOutput",
-    "SamplingParams",
-    "decode_step",
-    "generate",
-    "autoregressive_generate",
-    "default_ops",
-]
+from .sampling import sample_inverse_cdf, sampling_probs
 
 log = logging.getLogger("redrafter_ext.mlx")
 OP_NAMES = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact")
@@ -65,12 +56,7 @@ def native_ops() -> ModuleType | None:
     except (ImportError, OSError) as e:  # no module, or no loadable compiled extension behind it
         log.debug("redrafter_ext.mlx.ops unavailable: %s", e)
         return None
-    available = getattr(ops, "available", True)
-    if callable(available):
-        available = available()
-    if not available or not all(callable(getattr(ops, n, None)) for n in OP_NAMES):
-        return None
-    return ops
+    return ops if all(callable(getattr(ops, n, None)) for n in OP_NAMES) else None
 
 
 def default_ops() -> ModuleType:
@@ -296,10 +282,8 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
     new_hidden = _gather_rows(hidden, last_node)
     active = ~state.done
     num_out = state.num_out + n_commit
-    finished = num_out >= state.max_new_tokens
-    if state.eos_id is not None:
-        last_tok = _gather_rows(path_tokens[:, :, None], last_c)[:, 0]
-        finished = finished | ((n_commit > 0) & (last_tok == state.eos_id))
+    last_tok = _gather_rows(path_tokens[:, :, None], last_c)[:, 0]
+    finished = _finished(num_out, state.max_new_tokens, state.eos_id, n_commit > 0, last_tok)
     new = replace(
         state,
         kv=kv,
@@ -315,6 +299,14 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
         overflow=overflow,
     )
     return new, n_commit
+
+
+def _finished(num_out: mx.array, max_new_tokens: int, eos_id: int | None, committed: mx.array,
+              last_token: mx.array) -> mx.array:
+    """The stopping rule of every step: a row is done once it has written ``max_new_tokens``, or
+    when the last token it just committed is the EOS (``num_out`` already counts this step)."""
+    finished = num_out >= max_new_tokens
+    return finished if eos_id is None else finished | (committed & (last_token == eos_id))
 
 
 def _prepare_prompts(target, prompts, max_new_tokens: int = 0) -> tuple[mx.array, mx.array]:
@@ -472,9 +464,7 @@ def autoregressive_generate(
         out = mx.put_along_axis(state.out, dst[:, None], tok[:, None], axis=1)
         a = active.astype(mx.int32)
         num_out = state.num_out + a
-        finished = num_out >= max_new_tokens
-        if eos_id is not None:
-            finished = finished | (active & (tok == eos_id))
+        finished = _finished(num_out, max_new_tokens, eos_id, active, tok)
         state = replace(
             state, kv=kv, cache_len=state.cache_len + a, hidden=mx.where(active[:, None], hidden[:, 0], state.hidden),
             token=mx.where(active, params.sample(logits[:, 0], u), tok), out=out, num_out=num_out,
