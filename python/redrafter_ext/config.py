@@ -55,6 +55,15 @@ class LlamaConfig:
             kw["eos_token_id"] = eos[0]
         return cls(**kw)
 
+    def layer_linears(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each bias-free projection of one decoder layer, by Hugging Face
+        name relative to the layer (``self_attn.q_proj``, ``mlp.gate_proj``, ...)."""
+        H, D, inter = self.hidden_size, self.head_dim, self.intermediate_size
+        q, kv = self.num_attention_heads * D, self.num_key_value_heads * D
+        return {"self_attn.q_proj": (H, q), "self_attn.k_proj": (H, kv), "self_attn.v_proj": (H, kv),
+                "self_attn.o_proj": (q, H), "mlp.gate_proj": (H, inter), "mlp.up_proj": (H, inter),
+                "mlp.down_proj": (inter, H)}
+
     def to_hf(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",

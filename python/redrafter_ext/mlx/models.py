@@ -40,22 +40,23 @@ def _rotate_half(x: mx.array) -> mx.array:
     return mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def _linears(module: nn.Module, c: LlamaConfig, group: str) -> None:
+    """The bias-free projections of ``group`` ("self_attn" or "mlp"), named as Hugging Face does."""
+    for name, (n_in, n_out) in c.layer_linears().items():
+        if name.startswith(group + "."):
+            setattr(module, name.split(".")[1], nn.Linear(n_in, n_out, bias=False))
+
+
 class _Attention(nn.Module):
     def __init__(self, c: LlamaConfig) -> None:
         super().__init__()
-        H, D = c.hidden_size, c.head_dim
-        self.q_proj = nn.Linear(H, c.num_attention_heads * D, bias=False)
-        self.k_proj = nn.Linear(H, c.num_key_value_heads * D, bias=False)
-        self.v_proj = nn.Linear(H, c.num_key_value_heads * D, bias=False)
-        self.o_proj = nn.Linear(c.num_attention_heads * D, H, bias=False)
+        _linears(self, c, "self_attn")
 
 
 class _MLP(nn.Module):
     def __init__(self, c: LlamaConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        _linears(self, c, "mlp")
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
