@@ -249,7 +249,7 @@ def _biased_ops():
     """Negative control: verify_sample with halved acceptance uniforms (accepts drafts too often)."""
     from types import SimpleNamespace
 
-    ops = SimpleNamespace(**{n: getattr(mref, n) for n in rxm.decode.OP_NAMES})
+    ops = SimpleNamespace(**{n: getattr(mref, n) for n in rxm.decode.OPS})
     ops.verify_sample = lambda lg, b, bn, au, su, *a: mref.verify_sample(lg, b, bn, au * 0.5, su, *a)
     return ops
 

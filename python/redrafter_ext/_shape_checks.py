@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+# The six ops every backend has (the torch one adds kv_compact_paged), in pipeline order.
+OPS = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact")
+
 
 def num_nodes_max(beam_width: int, beam_length: int) -> int:
     """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce."""

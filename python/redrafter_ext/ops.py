@@ -25,12 +25,12 @@ from ._checks import (
     check_verify_greedy,
     check_verify_sample,
 )
-from ._shape_checks import num_nodes_max
-
-__all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "kv_compact_paged", "NATIVE_OPS"]
+from ._shape_checks import OPS, num_nodes_max
 
 # the registered ops: each has a CPU and a CUDA kernel (tests/test_build.py checks both)
-NATIVE_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "kv_compact_paged")
+NATIVE_OPS = (*OPS, "kv_compact_paged")
+
+__all__ = [*NATIVE_OPS, "NATIVE_OPS"]
 
 
 def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:
@@ -237,14 +237,8 @@ def _verify_greedy_fake(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tup
 
 
 def verify_sample(
-    logits: Tensor,
-    beams: Tensor,
-    beam_node: Tensor,
-    accept_u: Tensor,
-    sample_u: Tensor,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    logits: Tensor, beams: Tensor, beam_node: Tensor, accept_u: Tensor, sample_u: Tensor, temperature: float,
+    top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[Tensor, ...]:
     """Exact sampling: recursive rejection over the trie (native kernels, CPU and CUDA).
 

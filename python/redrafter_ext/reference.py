@@ -25,22 +25,10 @@ from ._checks import (
     check_verify_greedy,
     check_verify_sample,
 )
-from ._shape_checks import nodes_ok, num_nodes_max, parents_ok, token_ids_ok
+from ._shape_checks import OPS, nodes_ok, num_nodes_max, parents_ok, token_ids_ok
 from .sampling import sample_inverse_cdf, sampling_probs
 
-__all__ = [
-    "beam_topk",
-    "build_trie",
-    "tree_mask",
-    "verify_greedy",
-    "verify_sample",
-    "kv_compact",
-    "kv_compact_paged",
-    "check_kv_compact_paged",
-    "num_nodes_max",
-    "sampling_probs",
-    "sample_inverse_cdf",
-]
+__all__ = [*OPS, "kv_compact_paged", "check_kv_compact_paged", "num_nodes_max", "sampling_probs", "sample_inverse_cdf"]
 
 
 def beam_topk(
@@ -225,14 +213,8 @@ def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Ten
 
 
 def verify_sample(
-    logits: Tensor,
-    beams: Tensor,
-    beam_node: Tensor,
-    accept_u: Tensor,
-    sample_u: Tensor,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    logits: Tensor, beams: Tensor, beam_node: Tensor, accept_u: Tensor, sample_u: Tensor, temperature: float,
+    top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Exact sampling: recursive rejection over the trie, the sampling counterpart of ``verify_greedy``.
 

@@ -39,13 +39,12 @@ from .._generate_common import (
     prompt_rows,
     run_until_done,
 )
-from .._shape_checks import num_nodes_max
+from .._shape_checks import OPS, num_nodes_max
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
 from .sampling import sample_inverse_cdf, sampling_probs
 
 log = logging.getLogger("redrafter_ext.mlx")
-OP_NAMES = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact")
 _default_ops: ModuleType | None = None
 
 
@@ -56,7 +55,7 @@ def native_ops() -> ModuleType | None:
     except (ImportError, OSError) as e:  # no module, or no loadable compiled extension behind it
         log.debug("redrafter_ext.mlx.ops unavailable: %s", e)
         return None
-    return ops if all(callable(getattr(ops, n, None)) for n in OP_NAMES) else None
+    return ops if all(callable(getattr(ops, n, None)) for n in OPS) else None
 
 
 def default_ops() -> ModuleType:

@@ -25,21 +25,11 @@ import math
 
 import mlx.core as mx
 
-from .._shape_checks import num_nodes_max, parents_ok
+from .._shape_checks import OPS, num_nodes_max, parents_ok
 from . import _checks
 from .sampling import sample_inverse_cdf, sampling_probs
 
-__all__ = [
-    "beam_topk",
-    "build_trie",
-    "tree_mask",
-    "verify_greedy",
-    "verify_sample",
-    "kv_compact",
-    "num_nodes_max",
-    "sampling_probs",
-    "sample_inverse_cdf",
-]
+__all__ = [*OPS, "num_nodes_max", "sampling_probs", "sample_inverse_cdf"]
 
 
 def _gather(a: mx.array, idx: mx.array, axis: int) -> mx.array:
@@ -212,16 +202,9 @@ def verify_greedy(
     return accept_len, best, path_nodes, next_token
 
 
-# fdlibm's split of ln 2 (the high part has trailing zero bits, so k * LN2_HI is exact)
 def verify_sample(
-    logits: mx.array,
-    beams: mx.array,
-    beam_node: mx.array,
-    accept_u: mx.array,
-    sample_u: mx.array,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    logits: mx.array, beams: mx.array, beam_node: mx.array, accept_u: mx.array, sample_u: mx.array,
+    temperature: float, top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     """Exact sampling: recursive rejection over the trie (see ``redrafter_ext.reference.verify_sample``).
 

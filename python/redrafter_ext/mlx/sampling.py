@@ -14,6 +14,7 @@ import mlx.core as mx
 __all__ = ["sampling_probs", "sample_inverse_cdf"]
 
 
+# fdlibm's split of ln 2 (the high part has trailing zero bits, so k * LN2_HI is exact)
 _LN2_HI = 6.93147180369123816490e-01
 _LN2_LO = 1.90821492927058770002e-10
 _INV_LN2 = 1.44269504088896338700e00
