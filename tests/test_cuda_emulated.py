@@ -19,7 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from cases import gen
@@ -78,30 +77,7 @@ def test_verify_greedy_arbitrary_nodes(emu):
 # negative controls: the shim must catch these bugs
 
 
-def test_negative_missing_sync(emu):
-    caught = 0
-    for seed in range(8):
-        out = co.poison(64)
-        emu.set_seed(seed)
-        emu.negative("missing_sync", out)
-        expected = (np.arange(64)[::-1] * 7 + 1).astype(np.int32)
-        caught += not np.array_equal(out, expected)
-    assert caught >= 6, f"the missing barrier went unnoticed under {8 - caught} of 8 schedules"
-
-
-@pytest.mark.parametrize(
-    "which,pattern",
-    [
-        ("divergent_barrier", "different __syncthreads"),
-        ("exit_before_barrier", "exited"),
-        ("divergent_shuffle", "exited|deadlock"),
-    ],
-)
-def test_negative_divergence(emu, which, pattern):
-    for seed in SEEDS:
-        emu.set_seed(seed)
-        with pytest.raises(RuntimeError, match=pattern):
-            emu.negative(which, co.poison(32))
+# (the missing barrier and the divergent ones: tests/test_emulated.py)
 
 
 # ------------------------------------------------------------------------------------------------

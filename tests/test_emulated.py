@@ -271,3 +271,31 @@ def test_beam_topk_rounding_ties(k):
     logits = torch.randn(1, 4, 6000, generator=gen(11)) * 1e-3
     check_beam_topk(k, (logits, torch.full((1, 4), 3.0e4), torch.zeros(1, 4, 3, dtype=torch.int64),
                         torch.randn(1, 4, 1), 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# negative controls: the emulator must catch these bugs
+
+
+def test_negative_missing_barrier(k):
+    expected = (np.arange(64)[::-1] * 7 + 1).astype(np.int32)
+    caught = 0
+    for seed in range(8):
+        k.emu.set_seed(seed)
+        caught += not np.array_equal(k.ops.negative(k.emu, "missing_barrier"), expected)
+    assert caught >= 6, f"the missing barrier went unnoticed under {8 - caught} of 8 schedules"
+
+
+@pytest.mark.parametrize(
+    "which,pattern",
+    [
+        ("divergent_barrier", "different __syncthreads"),
+        ("exit_before_barrier", "exited"),
+        ("divergent_collective", "exited|deadlock"),  # a warp shuffle / simd-group op
+    ],
+)
+def test_negative_divergence(k, which, pattern):
+    for seed in k.seeds:
+        k.emu.set_seed(seed)
+        with pytest.raises(RuntimeError, match=pattern):
+            k.ops.negative(k.emu, which)

@@ -80,34 +80,17 @@ def test_dispatch_cpp_parses_against_mlx_headers():
 # negative controls: the shim must catch these bugs
 
 
-def test_negative_missing_barrier(emu):
+# (the missing barrier and the divergent ones: tests/test_emulated.py)
+
+
+def test_with_barrier(emu):
+    # the positive control of the missing barrier: the same kernel with its barrier is right
     expected = (np.arange(64)[::-1] * 7 + 1).astype(np.int32)
-    caught = 0
     for seed in range(8):
-        for name in ("with_barrier", "missing_barrier"):
-            out = mo.poison(64)
-            emu.set_seed(seed)
-            emu.dispatch(name, [out], 1, 64)
-            if name == "with_barrier":
-                assert np.array_equal(out, expected)
-            else:
-                caught += not np.array_equal(out, expected)
-    assert caught >= 6, f"the missing barrier went unnoticed under {8 - caught} of 8 schedules"
-
-
-@pytest.mark.parametrize(
-    "which,pattern",
-    [
-        ("divergent_barrier", "different __syncthreads"),
-        ("exit_before_barrier", "exited"),
-        ("divergent_simd", "exited|deadlock"),
-    ],
-)
-def test_negative_divergence(emu, which, pattern):
-    for seed in SEEDS:
+        out = mo.poison(64)
         emu.set_seed(seed)
-        with pytest.raises(RuntimeError, match=pattern):
-            emu.dispatch(which, [mo.poison(64)], 1, 64)
+        emu.dispatch("with_barrier", [out], 1, 64)
+        assert np.array_equal(out, expected), seed
 
 
 def test_negative_unbound_buffer(emu):

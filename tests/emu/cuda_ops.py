@@ -88,3 +88,15 @@ def verify_sample(emu, logits, beams, beam_node, accept_u, sample_u, temperature
     emu.verify_sample(np_of(logits), KIND16[logits.dtype], np_of(beams), np_of(beam_node), np_of(accept_u),
                       np_of(sample_u), temperature, top_k, top_p, *outs, ws)
     return [torch.from_numpy(o) for o in outs]
+
+
+# The negative controls (tests/emu/negative.cu) under the names both emulators' tests use.
+_NEGATIVE = {"missing_barrier": "missing_sync", "divergent_barrier": "divergent_barrier",
+             "exit_before_barrier": "exit_before_barrier", "divergent_collective": "divergent_shuffle"}
+
+
+def negative(emu, which: str) -> np.ndarray:
+    """Runs a kernel with a deliberate bug; returns its output (64 values for missing_barrier)."""
+    out = poison(64 if which == "missing_barrier" else 32)
+    emu.negative(_NEGATIVE[which], out)
+    return out

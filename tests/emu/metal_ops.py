@@ -155,3 +155,15 @@ def verify_sample(emu, logits, beams, beam_node, accept_u, sample_u, temperature
                  [np_of(logits), i32(beams), i32(beam_node), np_of(accept_u.float()), np_of(sample_u.float()),
                   *outs, probs, p], B, threads_for((V + 7) // 8))
     return [torch.from_numpy(o) for o in outs]
+
+
+# The negative controls (tests/emu/metal_negative.metal) under the names both emulators' tests use.
+_NEGATIVE = {"missing_barrier": "missing_barrier", "divergent_barrier": "divergent_barrier",
+             "exit_before_barrier": "exit_before_barrier", "divergent_collective": "divergent_simd"}
+
+
+def negative(emu, which: str) -> np.ndarray:
+    """Runs a kernel with a deliberate bug (one threadgroup of 64); returns its output."""
+    out = poison(64)
+    emu.dispatch(_NEGATIVE[which], [out], 1, 64)
+    return out
