@@ -185,17 +185,9 @@ class DecodeState:
 
 @torch.no_grad()
 def decode_step(
-    target,
-    drafter,
-    state: DecodeState,
-    *,
-    beam_width: int,
-    beam_length: int,
-    ops: ModuleType | None = None,
-    timer: StageTimer | None = None,
-    sampling: SamplingParams | None = None,
-    uniforms: tuple[Tensor, Tensor] | None = None,
-    check_room: bool = True,
+    target, drafter, state: DecodeState, *, beam_width: int, beam_length: int, ops: ModuleType | None = None,
+    timer: StageTimer | None = None, sampling: SamplingParams | None = None,
+    uniforms: tuple[Tensor, Tensor] | None = None, check_room: bool = True,
 ) -> Tensor:
     """One ReDrafter step for every row, in place on ``state``. Never synchronises with the host.
 
@@ -452,24 +444,10 @@ def _run(step, state: DecodeState, per_step: int, check_every: int) -> GenerateO
 
 @torch.no_grad()
 def generate(
-    target,
-    drafter,
-    prompts: Sequence[Sequence[int]] | Tensor,
-    max_new_tokens: int,
-    *,
-    beam_width: int | str = 4,
-    beam_length: int | str = 4,
-    eos_id: int | None = None,
-    ops: ModuleType | None = None,
-    check_every: int = 4,
-    max_len: int | None = None,
-    timer: StageTimer | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    paged_kv: PagedKV | None = None,
-    policy: SpeculationPolicy | None = None,
+    target, drafter, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *, beam_width: int | str = 4,
+    beam_length: int | str = 4, eos_id: int | None = None, ops: ModuleType | None = None, check_every: int = 4,
+    max_len: int | None = None, timer: StageTimer | None = None, temperature: float = 0.0, top_k: int = 0,
+    top_p: float = 1.0, seed: int = 0, paged_kv: PagedKV | None = None, policy: SpeculationPolicy | None = None,
 ) -> GenerateOutput:
     """ReDrafter generation: prefill, then ``decode_step`` until every row is done.
 
@@ -524,18 +502,9 @@ def generate(
 
 @torch.no_grad()
 def autoregressive_generate(
-    target,
-    prompts: Sequence[Sequence[int]] | Tensor,
-    max_new_tokens: int,
-    *,
-    eos_id: int | None = None,
-    check_every: int = 4,
-    max_len: int | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    paged_kv: PagedKV | None = None,
+    target, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *, eos_id: int | None = None,
+    check_every: int = 4, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+    seed: int = 0, paged_kv: PagedKV | None = None,
 ) -> GenerateOutput:
     """Plain decoding with the same target and cache: one token per forward.
 

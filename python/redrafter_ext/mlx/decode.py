@@ -167,15 +167,8 @@ class DecodeState:
 
 
 def decode_step(
-    target,
-    drafter,
-    state: DecodeState,
-    *,
-    beam_width: int,
-    beam_length: int,
-    ops: ModuleType | None = None,
-    sampling: SamplingParams | None = None,
-    uniforms: tuple[mx.array, mx.array] | None = None,
+    target, drafter, state: DecodeState, *, beam_width: int, beam_length: int, ops: ModuleType | None = None,
+    sampling: SamplingParams | None = None, uniforms: tuple[mx.array, mx.array] | None = None,
     check_room: bool = True,
 ) -> tuple[DecodeState, mx.array]:
     """One ReDrafter step for every row. Lazy: builds the graph and never reads a value on the host.
@@ -375,21 +368,9 @@ def _progress(state: DecodeState) -> tuple[bool, int]:
 
 
 def generate(
-    target,
-    drafter,
-    prompts: Sequence[Sequence[int]] | mx.array,
-    max_new_tokens: int,
-    *,
-    beam_width: int = 4,
-    beam_length: int = 4,
-    eos_id: int | None = None,
-    ops: ModuleType | None = None,
-    check_every: int = 4,
-    max_len: int | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
+    target, drafter, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *, beam_width: int = 4,
+    beam_length: int = 4, eos_id: int | None = None, ops: ModuleType | None = None, check_every: int = 4,
+    max_len: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
 ) -> GenerateOutput:
     """ReDrafter generation on MLX: prefill, then ``decode_step`` until every row is done.
 
@@ -428,16 +409,8 @@ def generate(
 
 
 def autoregressive_generate(
-    target,
-    prompts: Sequence[Sequence[int]] | mx.array,
-    max_new_tokens: int,
-    *,
-    eos_id: int | None = None,
-    check_every: int = 4,
-    max_len: int | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    target, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *, eos_id: int | None = None,
+    check_every: int = 4, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
     seed: int = 0,
 ) -> GenerateOutput:
     """Plain decoding with the same target and cache: one token per forward (the baseline)."""
