@@ -22,7 +22,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
-from cases import beam_inputs, gen, greedy_logits, kv_inputs
+from cases import beam_inputs, gen, greedy_logits, kv_inputs, trie_beams
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -88,10 +88,10 @@ def check_trie(k: Backend, beams):
 
 @pytest.mark.parametrize("B,W,L", list(itertools.product((1, 3, 7), (1, 2, 8, 64), (1, 2, 5, 16))))
 def test_build_trie_and_tree_mask(k, B, W, L):
-    g = gen(B * 1000 + W * 10 + L)
-    check_trie(k, torch.randint(0, 3, (B, W, L), generator=g, dtype=torch.int32))  # heavy sharing
+    shared, distinct = trie_beams(B, W, L)
+    check_trie(k, shared)
     if W * L <= 128:
-        check_trie(k, torch.randint(0, 128256, (B, W, L), generator=g))  # int64, no sharing
+        check_trie(k, distinct)
 
 
 def test_build_trie_edges(k):
