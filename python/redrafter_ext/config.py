@@ -3,9 +3,11 @@ so ``redrafter_ext.mlx`` imports without torch)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
+from pathlib import Path
 
-__all__ = ["LlamaConfig", "ConfigSizes"]
+__all__ = ["LlamaConfig", "ConfigSizes", "read_checkpoint"]
 
 
 @dataclass
@@ -86,3 +88,16 @@ class ConfigSizes:
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
+
+
+def read_checkpoint(folder: str | Path, who: str) -> tuple[LlamaConfig, list[Path]]:
+    """The config and the ``*.safetensors`` files of a Hugging Face Llama folder (``who`` names the
+    loader in the errors); loading the tensors is the framework's part."""
+    folder = Path(folder)
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise FileNotFoundError(f"{who}: no config.json in {folder}")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{who}: no *.safetensors in {folder}")
+    return LlamaConfig.from_hf(json.loads(cfg.read_text())), files

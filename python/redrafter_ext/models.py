@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ConfigSizes, LlamaConfig
+from .config import ConfigSizes, LlamaConfig, read_checkpoint
 
 __all__ = ["LlamaConfig", "LlamaTarget", "PagedKV", "causal_tree_mask", "tree_visibility"]
 
@@ -364,14 +364,8 @@ class LlamaTarget(ConfigSizes, nn.Module):
         """Load a Hugging Face Llama checkpoint folder (config.json + *.safetensors), offline."""
         from safetensors.torch import load_file
 
-        folder = Path(folder)
-        cfg = folder / "config.json"
-        if not cfg.is_file():
-            raise FileNotFoundError(f"LlamaTarget.from_pretrained: no config.json in {folder}")
-        model = cls(LlamaConfig.from_hf(json.loads(cfg.read_text())))
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"LlamaTarget.from_pretrained: no *.safetensors in {folder}")
+        config, files = read_checkpoint(folder, "LlamaTarget.from_pretrained")
+        model = cls(config)
         weights: dict[str, Tensor] = {}
         for f in files:
             weights.update(load_file(str(f)))

@@ -18,13 +18,12 @@ The target protocol (MLX flavour) an engine implements to use ``redrafter_ext.ml
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..config import ConfigSizes, LlamaConfig  # plain Python: redrafter_ext.mlx needs no torch
+from ..config import ConfigSizes, LlamaConfig, read_checkpoint  # plain Python: redrafter_ext.mlx needs no torch
 
 __all__ = ["LlamaConfig", "LlamaTarget", "causal_tree_mask"]
 
@@ -182,14 +181,8 @@ class LlamaTarget(ConfigSizes, nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str | Path, dtype: mx.Dtype = mx.float32) -> LlamaTarget:
         """Load a Hugging Face Llama checkpoint folder (config.json + *.safetensors) in ``dtype``."""
-        folder = Path(folder)
-        cfg = folder / "config.json"
-        if not cfg.is_file():
-            raise FileNotFoundError(f"LlamaTarget.from_pretrained: no config.json in {folder}")
-        model = cls(LlamaConfig.from_hf(json.loads(cfg.read_text())))
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"LlamaTarget.from_pretrained: no *.safetensors in {folder}")
+        config, files = read_checkpoint(folder, "LlamaTarget.from_pretrained")
+        model = cls(config)
         weights: dict[str, mx.array] = {}
         for f in files:
             weights.update(mx.load(str(f)))
