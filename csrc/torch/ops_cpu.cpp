@@ -13,6 +13,7 @@
 
 #include "cpu/kernels.h"
 #include "torch/checks.h"
+#include "torch/registration.h"
 
 namespace redrafter {
 
@@ -369,14 +370,6 @@ void kv_compact_paged_cpu(const at::Tensor& kv_pages, const at::Tensor& block_ta
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(redrafter, CPU, m) {
-  m.impl("tree_mask", &tree_mask_cpu);
-  m.impl("beam_topk", &beam_topk_cpu);
-  m.impl("build_trie", &build_trie_cpu);
-  m.impl("verify_greedy", &verify_greedy_cpu);
-  m.impl("verify_sample", &verify_sample_cpu);
-  m.impl("kv_compact", &kv_compact_cpu);
-  m.impl("kv_compact_paged", &kv_compact_paged_cpu);
-}
+TORCH_LIBRARY_IMPL(redrafter, CPU, m) { REDRAFTER_IMPL_ALL(m, cpu); }
 
 }  // namespace redrafter

@@ -10,6 +10,7 @@
 #include "cuda/kernels.h"
 #include "torch/checks.h"
 #include "torch/cuda_launch.h"
+#include "torch/registration.h"
 
 namespace redrafter {
 namespace {
@@ -166,14 +167,6 @@ void kv_compact_paged_cuda(const at::Tensor& kv_pages, const at::Tensor& block_t
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(redrafter, CUDA, m) {
-  m.impl("tree_mask", &tree_mask_cuda);
-  m.impl("beam_topk", &beam_topk_cuda);
-  m.impl("build_trie", &build_trie_cuda);
-  m.impl("verify_greedy", &verify_greedy_cuda);
-  m.impl("verify_sample", &verify_sample_cuda);
-  m.impl("kv_compact", &kv_compact_cuda);
-  m.impl("kv_compact_paged", &kv_compact_paged_cuda);
-}
+TORCH_LIBRARY_IMPL(redrafter, CUDA, m) { REDRAFTER_IMPL_ALL(m, cuda); }
 
 }  // namespace redrafter
