@@ -27,18 +27,8 @@ from types import ModuleType
 
 import mlx.core as mx
 
-from .._generate_common import (
-    GenerateOutput,
-    cache_length,
-    check_beam_shape,
-    check_context,
-    check_every_arg,
-    check_generate_args,
-    check_sampling,
-    check_state_sizes,
-    prompt_rows,
-    run_until_done,
-)
+from .. import _generate_common as common  # the host-side parts both backends' loops share
+from .._generate_common import GenerateOutput
 from .._shape_checks import OPS, num_nodes_max
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
@@ -81,7 +71,7 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        check_sampling(self.temperature, self.top_k, self.top_p)
+        common.check_sampling(self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:
@@ -149,7 +139,7 @@ class DecodeState:
     def check(self, target, beam_width: int, beam_length: int) -> None:
         """Metadata checks of every field (no values are read)."""
         op = "decode_step"
-        check_beam_shape(op, beam_width, beam_length)
+        common.check_beam_shape(op, beam_width, beam_length)
         check_array(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
         if self.kv.shape[1] != 2:
             raise ValueError(f"{op}: state.kv must have shape (n_layers, 2, B, H_kv, S, D), got {tuple(self.kv.shape)}")
@@ -162,8 +152,8 @@ class DecodeState:
         batches = {"state.kv": self.kv.shape[2], "state.hidden": self.hidden.shape[0], "state.out": self.out.shape[0]}
         for name in ("cache_len", "token", "num_out", "done", "steps", "nodes"):
             batches[f"state.{name}"] = getattr(self, name).shape[0]
-        check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id, beam_width,
-                          beam_length, S, self.out.shape[1])
+        common.check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id,
+                                 beam_width, beam_length, S, self.out.shape[1])
 
 
 def decode_step(
@@ -307,8 +297,8 @@ def _prepare_prompts(target, prompts, max_new_tokens: int = 0) -> tuple[mx.array
         if prompts.ndim != 2:
             raise ValueError(f"generate: prompts must be a (B, T) array or a list of lists, got shape {prompts.shape}")
         prompts = prompts.tolist()  # sync-ok: host-side validation before decoding starts
-    rows = prompt_rows(prompts, target.vocab_size)
-    check_context(rows, max_new_tokens, target)
+    rows = common.prompt_rows(prompts, target.vocab_size)
+    common.check_context(rows, max_new_tokens, target)
     T = max(map(len, rows))
     tokens = mx.array([p + [0] * (T - len(p)) for p in rows], dtype=mx.int32)
     lengths = mx.array([len(p) for p in rows], dtype=mx.int32)
@@ -323,10 +313,10 @@ def _sampling_or_none(temperature: float, top_k: int, top_p: float) -> SamplingP
 def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None,
            sampling: SamplingParams | None, seed: int) -> DecodeState:
     """Validate, allocate the cache and prefill (the first token sampled when ``sampling``)."""
-    check_generate_args(max_new_tokens, eos_id, target.vocab_size)
+    common.check_generate_args(max_new_tokens, eos_id, target.vocab_size)
     tokens, lengths = _prepare_prompts(target, prompts, max_new_tokens)
     B, T = tokens.shape
-    S = cache_length(T, max_new_tokens, slack, max_len)
+    S = common.cache_length(T, max_new_tokens, slack, max_len)
     kv = target.new_kv_cache(B, S)
     logits, hidden, kv = target.prefill(tokens, lengths, kv)
     key = None
@@ -391,7 +381,7 @@ def generate(
         ``GenerateOutput``; greedy: the tokens of ``autoregressive_generate``, token for token;
         sampling: distributed as ``autoregressive_generate``'s, reproducible for a given seed.
     """
-    check_every_arg(check_every)
+    common.check_every_arg(check_every)
     N = num_nodes_max(beam_width, beam_length)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
@@ -404,7 +394,8 @@ def generate(
                                 sampling=sampling, check_room=False)
         mx.async_eval(box[0].arrays())  # schedules the step; the host runs ahead to build the next
 
-    calls = run_until_done(step, lambda: _progress(box[0]), max_new_tokens, beam_length, check_every, eos_id is not None)
+    calls = common.run_until_done(step, lambda: _progress(box[0]), max_new_tokens, beam_length, check_every,
+                                  eos_id is not None)
     return _finish(box[0], calls)
 
 
@@ -414,7 +405,7 @@ def autoregressive_generate(
     seed: int = 0,
 ) -> GenerateOutput:
     """Plain decoding with the same target and cache: one token per forward (the baseline)."""
-    check_every_arg(check_every)
+    common.check_every_arg(check_every)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling, seed)
     params = sampling or SamplingParams(0.0)
@@ -445,5 +436,5 @@ def autoregressive_generate(
         mx.async_eval(state.arrays())
         box[0] = state
 
-    calls = run_until_done(step, lambda: _progress(box[0]), max_new_tokens, 1, check_every, eos_id is not None)
+    calls = common.run_until_done(step, lambda: _progress(box[0]), max_new_tokens, 1, check_every, eos_id is not None)
     return _finish(box[0], calls)
