@@ -156,10 +156,32 @@ void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor&
 // ---------------------------------------------------------------------------------------------
 // Input preparation
 
-BeamTopkInputs prepare_beam_topk(const at::Tensor& logits_in, const at::Tensor& scores_in,
-                                 const at::Tensor& tokens_in, const at::Tensor& state_in) {
-  return {logits_in.contiguous(), scores_in.contiguous(), tokens_in.contiguous(), state_in.contiguous(),
-          logits_in.size(0), logits_in.size(1), logits_in.size(2), tokens_in.size(2), state_in.size(2)};
+BeamTopkArgs prepare_beam_topk(const at::Tensor& logits_in, const at::Tensor& scores_in, const at::Tensor& tokens_in,
+                               const at::Tensor& state_in) {
+  BeamTopkArgs a{logits_in.contiguous(), scores_in.contiguous(), tokens_in.contiguous(), state_in.contiguous(),
+                 logits_in.size(0), logits_in.size(1), logits_in.size(2), tokens_in.size(2), state_in.size(2)};
+  const auto i32 = a.logits.options().dtype(at::kInt);
+  a.scores_out = at::empty({a.B, a.W}, a.logits.options().dtype(at::kFloat));
+  a.tokens_out = at::empty({a.B, a.W, a.L}, i32);
+  a.state_out = at::empty({a.B, a.W, a.D}, a.state.options());
+  a.parent_out = at::empty({a.B, a.W}, i32);
+  return a;
+}
+
+BuildTrieArgs prepare_build_trie(const at::Tensor& beams_in) {
+  BuildTrieArgs a;
+  a.beams = beams_in.contiguous();
+  a.B = beams_in.size(0);
+  a.W = beams_in.size(1);
+  a.L = beams_in.size(2);
+  a.N = 1 + a.W * (a.L - 1);
+  const auto i32 = a.beams.options().dtype(at::kInt);
+  a.node_token = at::empty({a.B, a.N}, i32);
+  a.node_parent = at::empty({a.B, a.N}, i32);
+  a.node_depth = at::empty({a.B, a.N}, i32);
+  a.beam_node = at::empty({a.B, a.W, a.L}, i32);
+  a.num_nodes = at::empty({a.B}, i32);
+  return a;
 }
 
 VerifyArgs prepare_verify(const at::Tensor& logits_in, const at::Tensor& beams_in, const at::Tensor& beam_node_in) {

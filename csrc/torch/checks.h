@@ -102,13 +102,28 @@ inline at::ScalarType common_index_type(const at::Tensor& a, const at::Tensor& b
   return a.scalar_type() == at::kLong || b.scalar_type() == at::kLong ? at::kLong : at::kInt;
 }
 
-// beam_topk's inputs, contiguous, and their sizes.
-struct BeamTopkInputs {
+// beam_topk's inputs, contiguous, their sizes, and the four outputs, allocated.
+struct BeamTopkArgs {
   at::Tensor logits, scores, tokens, state;
   int64_t B, W, V, L, D;
+  at::Tensor scores_out, tokens_out, state_out, parent_out;  // [B, W] f32, [B, W, L] i32, [B, W, D], [B, W] i32
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs() const {
+    return {scores_out, tokens_out, state_out, parent_out};
+  }
 };
-BeamTopkInputs prepare_beam_topk(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
-                                 const at::Tensor& state);
+BeamTopkArgs prepare_beam_topk(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
+                               const at::Tensor& state);
+
+// build_trie: beams contiguous, sizes (N = 1 + W*(L-1)), and the five int32 outputs, allocated.
+struct BuildTrieArgs {
+  at::Tensor beams;
+  int64_t B, W, L, N;
+  at::Tensor node_token, node_parent, node_depth, beam_node, num_nodes;  // [B, N] x3, [B, W, L], [B]
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs() const {
+    return {node_token, node_parent, node_depth, beam_node, num_nodes};
+  }
+};
+BuildTrieArgs prepare_build_trie(const at::Tensor& beams);
 
 // verify_greedy / verify_sample: logits contiguous, beams and beam_node contiguous in their common
 // index type idx, sizes (NL = logits.size(1)), and the four int32 outputs, allocated.

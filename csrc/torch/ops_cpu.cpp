@@ -86,8 +86,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const a
                                                                          const at::Tensor& state_in, int64_t step) {
   check_beam_topk_inputs(logits_in, scores_in, tokens_in, state_in, step);
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "beam_topk: logits must be a CPU tensor for the CPU kernel");
-  const auto [logits, scores, tokens, state, B, W, V, L, D] =
-      prepare_beam_topk(logits_in, scores_in, tokens_in, state_in);
+  const BeamTopkArgs a = prepare_beam_topk(logits_in, scores_in, tokens_in, state_in);
+  const auto& [logits, scores, tokens, state, B, W, V, L, D, scores_out, tokens_out, state_out, parent_out] = a;
   AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "beam_topk", [&] {
     const index_t* t = tokens.const_data_ptr<index_t>();
     for (int64_t r = 0; r < B * W; ++r) {
@@ -101,10 +101,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const a
 
   const auto i32 = logits.options().dtype(at::kInt);
   const auto f32 = logits.options().dtype(at::kFloat);
-  at::Tensor scores_out = at::empty({B, W}, f32);
-  at::Tensor tokens_out = at::empty({B, W, L}, i32);
-  at::Tensor state_out = at::empty({B, W, D}, state.options());
-  at::Tensor parent_out = at::empty({B, W}, i32);
   // working space: each row's sorted candidates (+ slack), their count, merge heads
   at::Tensor cand_score = at::empty({B * W, cpu::beam_topk_stride(W)}, f32);
   at::Tensor cand_token = at::empty({B * W, cpu::beam_topk_stride(W)}, i32);
@@ -133,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const a
           heads.mutable_data_ptr<int32_t>(), b0, b1);
     });
   });
-  return {scores_out, tokens_out, state_out, parent_out};
+  return a.outputs();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -151,15 +147,8 @@ void check_token_ids(const char* op, const char* name, const I* t, int64_t B, in
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_trie_cpu(const at::Tensor& beams_in) {
   check_build_trie_inputs(beams_in);
   TORCH_CHECK_VALUE(beams_in.is_cpu(), "build_trie: beams must be a CPU tensor for the CPU kernel");
-  const at::Tensor beams = beams_in.contiguous();
-  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
-  const int64_t N = 1 + W * (L - 1);
-  const auto i32 = beams.options().dtype(at::kInt);
-  at::Tensor node_token = at::empty({B, N}, i32);
-  at::Tensor node_parent = at::empty({B, N}, i32);
-  at::Tensor node_depth = at::empty({B, N}, i32);
-  at::Tensor beam_node = at::empty({B, W, L}, i32);
-  at::Tensor num_nodes = at::empty({B}, i32);
+  const BuildTrieArgs a = prepare_build_trie(beams_in);
+  const auto& [beams, B, W, L, N, node_token, node_parent, node_depth, beam_node, num_nodes] = a;
   AT_DISPATCH_INDEX_TYPES(beams.scalar_type(), "build_trie", [&] {
     const index_t* x = beams.const_data_ptr<index_t>();
     check_token_ids("build_trie", "beams", x, B, W, L);
@@ -170,7 +159,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_tri
                                num_nodes.mutable_data_ptr<int32_t>(), b0, b1);
     });
   });
-  return {node_token, node_parent, node_depth, beam_node, num_nodes};
+  return a.outputs();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -41,13 +41,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cuda(const 
   check_beam_topk_inputs(logits_in, scores_in, tokens_in, state_in, step);
   check_on_cuda("beam_topk", "logits", logits_in);
   DeviceGuard guard(logits_in);
-  const auto [logits, scores, tokens, state, B, W, V, L, D] =
-      prepare_beam_topk(logits_in, scores_in, tokens_in, state_in);
-  const auto i32 = logits.options().dtype(at::kInt);
-  at::Tensor scores_out = at::empty({B, W}, logits.options().dtype(at::kFloat));
-  at::Tensor tokens_out = at::empty({B, W, L}, i32);
-  at::Tensor state_out = at::empty({B, W, D}, state.options());
-  at::Tensor parent_out = at::empty({B, W}, i32);
+  const BeamTopkArgs a = prepare_beam_topk(logits_in, scores_in, tokens_in, state_in);
+  const auto& [logits, scores, tokens, state, B, W, V, L, D, scores_out, tokens_out, state_out, parent_out] = a;
   const auto ws_bytes = static_cast<int64_t>(cuda::beam_topk_workspace_bytes(B, W, V));
   at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));  // allocator: 512-byte aligned
   check_cuda(cuda::beam_topk(logits.const_data_ptr(), float_type(logits), scores.const_data_ptr<float>(),
@@ -57,30 +52,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cuda(const 
                              state_out.mutable_data_ptr(), parent_out.mutable_data_ptr<int32_t>(),
                              workspace.mutable_data_ptr(), current_stream(logits)),
              "beam_topk");
-  return {scores_out, tokens_out, state_out, parent_out};
+  return a.outputs();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_trie_cuda(const at::Tensor& beams_in) {
   check_build_trie_inputs(beams_in);
   check_on_cuda("build_trie", "beams", beams_in);
-  const int64_t W = beams_in.size(1), L = beams_in.size(2);
-  TORCH_CHECK_VALUE(W * L <= cuda::build_trie_max_beam_tokens(), "build_trie: beams shape ", beams_in.sizes(),
-                    " has more than ", cuda::build_trie_max_beam_tokens(), " tokens (W*L) per row (CUDA kernel)");
+  TORCH_CHECK_VALUE(beams_in.size(1) * beams_in.size(2) <= cuda::build_trie_max_beam_tokens(), "build_trie: beams shape ",
+                    beams_in.sizes(), " has more than ", cuda::build_trie_max_beam_tokens(),
+                    " tokens (W*L) per row (CUDA kernel)");
   DeviceGuard guard(beams_in);
-  const at::Tensor beams = beams_in.contiguous();
-  const int64_t B = beams.size(0), N = 1 + W * (L - 1);
-  const auto i32 = beams.options().dtype(at::kInt);
-  at::Tensor node_token = at::empty({B, N}, i32);
-  at::Tensor node_parent = at::empty({B, N}, i32);
-  at::Tensor node_depth = at::empty({B, N}, i32);
-  at::Tensor beam_node = at::empty({B, W, L}, i32);
-  at::Tensor num_nodes = at::empty({B}, i32);
+  const BuildTrieArgs a = prepare_build_trie(beams_in);
+  const auto& [beams, B, W, L, N, node_token, node_parent, node_depth, beam_node, num_nodes] = a;
   check_cuda(cuda::build_trie(beams.const_data_ptr(), index_type(beams.scalar_type()), B, W, L,
                               node_token.mutable_data_ptr<int32_t>(), node_parent.mutable_data_ptr<int32_t>(),
                               node_depth.mutable_data_ptr<int32_t>(), beam_node.mutable_data_ptr<int32_t>(),
                               num_nodes.mutable_data_ptr<int32_t>(), current_stream(beams)),
              "build_trie");
-  return {node_token, node_parent, node_depth, beam_node, num_nodes};
+  return a.outputs();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tensor& logits_in,
