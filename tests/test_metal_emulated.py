@@ -59,13 +59,13 @@ def test_metal_source_registers_its_kernels(emu, path):
 
 def test_kernel_names(emu):
     names = set(emu.kernels())
-    expected = {"tree_mask_bool", "tree_mask_packed", "build_trie", "kv_advance", "beam_topk_merge"}
+    expected = {"tree_mask_bool", "tree_mask_packed", "build_trie", "kv_compact_advance", "beam_topk_merge"}
     expected |= {f"kv_compact_{n}" for n in (16, 8, 4, 2, 1)} | {f"kv_copy_{n}" for n in (16, 8, 4, 2, 1)}
     for d in ("float32", "float16", "bfloat16"):
         expected |= {f"verify_greedy_{d}", f"verify_sample_{d}", f"beam_topk_rows_{d}"}
     assert expected <= names, sorted(expected - names)
     dispatch = (Path(__file__).parents[1] / "csrc" / "metal" / "dispatch.cpp").read_text()
-    for n in ("tree_mask_bool", "tree_mask_packed", "build_trie", "kv_advance", "beam_topk_merge", "kv_compact_",
+    for n in ("tree_mask_bool", "tree_mask_packed", "build_trie", "kv_compact_advance", "beam_topk_merge", "kv_compact_",
               "kv_copy_", "verify_greedy_", "verify_sample_", "beam_topk_rows_", "redrafter_ext_mlx"):
         assert f'"{n}' in dispatch, n
 

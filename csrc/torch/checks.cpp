@@ -193,7 +193,7 @@ VerifyArgs prepare_verify(const at::Tensor& logits_in, const at::Tensor& beams_i
   v.B = beams_in.size(0);
   v.W = beams_in.size(1);
   v.L = beams_in.size(2);
-  v.NL = logits_in.size(1);
+  v.n_logit_rows = logits_in.size(1);
   v.V = logits_in.size(2);
   const auto i32 = v.logits.options().dtype(at::kInt);
   v.accept_len = at::empty({v.B}, i32);

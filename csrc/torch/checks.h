@@ -126,11 +126,11 @@ struct BuildTrieArgs {
 BuildTrieArgs prepare_build_trie(const at::Tensor& beams);
 
 // verify_greedy / verify_sample: logits contiguous, beams and beam_node contiguous in their common
-// index type idx, sizes (NL = logits.size(1)), and the four int32 outputs, allocated.
+// index type idx, sizes (n_logit_rows = logits.size(1)), and the four int32 outputs, allocated.
 struct VerifyArgs {
   at::Tensor logits, beams, beam_node;
   at::ScalarType idx;
-  int64_t B, W, L, NL, V;
+  int64_t B, W, L, n_logit_rows, V;
   at::Tensor accept_len, best_beam, path_nodes, next_token;  // [B], [B], [B, L], [B]
 
   std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs() const {

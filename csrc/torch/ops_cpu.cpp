@@ -70,7 +70,7 @@ at::Tensor tree_mask_cpu(const at::Tensor& node_parent_in, const at::Tensor& num
       if (packed) {
         cpu::tree_mask_packed(parent, nn, N, out.mutable_data_ptr<int32_t>(), b0, b1);
       } else {
-        cpu::tree_mask(parent, nn, N, out.mutable_data_ptr<bool>(), b0, b1);
+        cpu::tree_mask_bool(parent, nn, N, out.mutable_data_ptr<bool>(), b0, b1);
       }
     });
   });
@@ -165,14 +165,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_tri
 // ---------------------------------------------------------------------------------------------
 // verify_greedy
 
-// Every beam_node value must be a node of logits (dim 1, NL nodes); `also(k)` then checks more of
+// Every beam_node value must be a node of logits (dim 1, n_logit_rows nodes); `also(k)` then checks more of
 // position k, so that the first bad position (in memory order) is the one reported.
 template <typename I, typename F>
-void check_node_ids(const char* op, const I* bn, int64_t B, int64_t W, int64_t L, int64_t NL, F&& also) {
+void check_node_ids(const char* op, const I* bn, int64_t B, int64_t W, int64_t L, int64_t n_logit_rows, F&& also) {
   for (int64_t k = 0; k < B * W * L; ++k) {
     const int64_t n = static_cast<int64_t>(bn[k]);
-    TORCH_CHECK_VALUE(n >= 0 && n < NL, op, ": beam_node[", k / (W * L), ", ", (k / L) % W, ", ", k % L, "] = ", n,
-                      " is outside the ", NL, " nodes of logits (dim 1)");
+    TORCH_CHECK_VALUE(n >= 0 && n < n_logit_rows, op, ": beam_node[", k / (W * L), ", ", (k / L) % W, ", ", k % L,
+                      "] = ", n, " is outside the ", n_logit_rows, " nodes of logits (dim 1)");
     also(k);
   }
 }
@@ -183,19 +183,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(con
   check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "verify_greedy: logits must be a CPU tensor for the CPU kernel");
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
-  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
-  at::Tensor argmax = at::empty({B, NL}, logits.options().dtype(at::kInt));  // per-node argmax cache
+  const auto& [logits, beams, beam_node, idx, B, W, L, n_logit_rows, V, accept_len, best_beam, path_nodes,
+                next_token] = v;
+  at::Tensor argmax = at::empty({B, n_logit_rows}, logits.options().dtype(at::kInt));  // per-node argmax cache
   AT_DISPATCH_INDEX_TYPES(idx, "verify_greedy", [&] {
     const index_t* bm = beams.const_data_ptr<index_t>();
     const index_t* bn = beam_node.const_data_ptr<index_t>();
     check_token_ids("verify_greedy", "beams", bm, B, W, L);
-    check_node_ids("verify_greedy", bn, B, W, L, NL, [](int64_t) {});
+    check_node_ids("verify_greedy", bn, B, W, L, n_logit_rows, [](int64_t) {});
     dispatch_float(logits.scalar_type(), "verify_greedy", [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       // about L argmaxes of V per row
       const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * V));
       at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
-        cpu::verify_greedy<T, index_t>(logits.const_data_ptr<T>(), NL, V, bm, bn, W, L,
+        cpu::verify_greedy<T, index_t>(logits.const_data_ptr<T>(), n_logit_rows, V, bm, bn, W, L,
                                        argmax.mutable_data_ptr<int32_t>(), accept_len.mutable_data_ptr<int32_t>(),
                                        best_beam.mutable_data_ptr<int32_t>(), path_nodes.mutable_data_ptr<int32_t>(),
                                        next_token.mutable_data_ptr<int32_t>(), b0, b1);
@@ -230,12 +231,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cpu(
   }
   if (temperature == 0.0) return verify_greedy_cpu(logits_in, beams_in, beam_node_in);  // greedy, exactly
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
-  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
+  const auto& [logits, beams, beam_node, idx, B, W, L, n_logit_rows, V, accept_len, best_beam, path_nodes,
+                next_token] = v;
   AT_DISPATCH_INDEX_TYPES(idx, "verify_sample", [&] {
     const index_t* bm = beams.const_data_ptr<index_t>();
     const index_t* bn = beam_node.const_data_ptr<index_t>();
     check_token_ids("verify_sample", "beams", bm, B, W, L);
-    check_node_ids("verify_sample", bn, B, W, L, NL, [&](int64_t k) {
+    check_node_ids("verify_sample", bn, B, W, L, n_logit_rows, [&](int64_t k) {
       TORCH_CHECK_VALUE(k % L == 0 || static_cast<int64_t>(bm[k]) < V, "verify_sample: beams[", k / (W * L), ", ",
                         (k / L) % W, ", ", k % L, "] = ", static_cast<int64_t>(bm[k]),
                         " is a draft token outside the vocabulary V = ", V, " (logits dim 2)");
@@ -245,7 +247,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cpu(
       // about L softmaxes (and W sums) of V per row
       const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * (W + 4) * V));
       at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
-        cpu::verify_sample<T, index_t>(logits.const_data_ptr<T>(), NL, V, bm, bn, W, L,
+        cpu::verify_sample<T, index_t>(logits.const_data_ptr<T>(), n_logit_rows, V, bm, bn, W, L,
                                        accept_u.const_data_ptr<float>(), sample_u.const_data_ptr<float>(),
                                        temperature, top_k, top_p, accept_len.mutable_data_ptr<int32_t>(),
                                        best_beam.mutable_data_ptr<int32_t>(), path_nodes.mutable_data_ptr<int32_t>(),

@@ -58,8 +58,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cuda(const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_trie_cuda(const at::Tensor& beams_in) {
   check_build_trie_inputs(beams_in);
   check_on_cuda("build_trie", "beams", beams_in);
-  TORCH_CHECK_VALUE(beams_in.size(1) * beams_in.size(2) <= cuda::build_trie_max_beam_tokens(), "build_trie: beams shape ",
-                    beams_in.sizes(), " has more than ", cuda::build_trie_max_beam_tokens(),
+  TORCH_CHECK_VALUE(beams_in.size(1) * beams_in.size(2) <= cuda::build_trie_max_beam_tokens(),
+                    "build_trie: beams shape ", beams_in.sizes(), " has more than ", cuda::build_trie_max_beam_tokens(),
                     " tokens (W*L) per row (CUDA kernel)");
   DeviceGuard guard(beams_in);
   const BuildTrieArgs a = prepare_build_trie(beams_in);
@@ -79,11 +79,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(co
   check_on_cuda("verify_greedy", "logits", logits_in);
   DeviceGuard guard(logits_in);
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
-  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
+  const auto& [logits, beams, beam_node, idx, B, W, L, n_logit_rows, V, accept_len, best_beam, path_nodes,
+                next_token] = v;
   // split argmax keys and the walk's per-beam state
-  const auto ws_bytes = static_cast<int64_t>(cuda::verify_greedy_workspace_bytes(B, NL, V, W, float_type(logits)));
+  const auto ws_bytes =
+      static_cast<int64_t>(cuda::verify_greedy_workspace_bytes(B, n_logit_rows, V, W, float_type(logits)));
   at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));
-  check_cuda(cuda::verify_greedy(logits.const_data_ptr(), float_type(logits), NL, V, beams.const_data_ptr(),
+  check_cuda(cuda::verify_greedy(logits.const_data_ptr(), float_type(logits), n_logit_rows, V, beams.const_data_ptr(),
                                  beam_node.const_data_ptr(), index_type(idx), B, W, L,
                                  accept_len.mutable_data_ptr<int32_t>(), best_beam.mutable_data_ptr<int32_t>(),
                                  path_nodes.mutable_data_ptr<int32_t>(), next_token.mutable_data_ptr<int32_t>(),
@@ -102,14 +104,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cuda(
   check_on_cuda("verify_sample", "logits", logits_in);
   DeviceGuard guard(logits_in);
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
-  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
+  const auto& [logits, beams, beam_node, idx, B, W, L, n_logit_rows, V, accept_len, best_beam, path_nodes,
+                next_token] = v;
   const at::Tensor accept_u = accept_u_in.contiguous();
   const at::Tensor sample_u = sample_u_in.contiguous();
   // verify_greedy's workspace when greedy (sampling keeps no per-token state in global memory)
   const auto ws_bytes =
-      static_cast<int64_t>(cuda::verify_sample_workspace_bytes(B, NL, V, W, float_type(logits), temperature));
+      static_cast<int64_t>(cuda::verify_sample_workspace_bytes(B, n_logit_rows, V, W, float_type(logits), temperature));
   at::Tensor workspace = at::empty({ws_bytes}, logits.options().dtype(at::kByte));
-  check_cuda(cuda::verify_sample(logits.const_data_ptr(), float_type(logits), NL, V, beams.const_data_ptr(),
+  check_cuda(cuda::verify_sample(logits.const_data_ptr(), float_type(logits), n_logit_rows, V, beams.const_data_ptr(),
                                  beam_node.const_data_ptr(), index_type(idx), B, W, L,
                                  accept_u.const_data_ptr<float>(), sample_u.const_data_ptr<float>(), temperature, top_k,
                                  top_p, accept_len.mutable_data_ptr<int32_t>(), best_beam.mutable_data_ptr<int32_t>(),

@@ -56,7 +56,7 @@ PYBIND11_MODULE(redrafter_metal_emu, m) {
          {RD_FIELD(BeamTopkParams, W), RD_FIELD(BeamTopkParams, V), RD_FIELD(BeamTopkParams, L),
           RD_FIELD(BeamTopkParams, step), RD_FIELD(BeamTopkParams, C), RD_FIELD(BeamTopkParams, state_units)});
   layout("VerifyParams", sizeof(VerifyParams),
-         {RD_FIELD(VerifyParams, n_rows), RD_FIELD(VerifyParams, V), RD_FIELD(VerifyParams, W),
+         {RD_FIELD(VerifyParams, n_logit_rows), RD_FIELD(VerifyParams, V), RD_FIELD(VerifyParams, W),
           RD_FIELD(VerifyParams, L), RD_FIELD(VerifyParams, inv_temperature), RD_FIELD(VerifyParams, top_k),
           RD_FIELD(VerifyParams, top_p)});
   layout("KvCompactParams", sizeof(KvCompactParams),
