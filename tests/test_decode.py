@@ -376,3 +376,21 @@ def test_generate_rejects_bad_check_every(target, bad):
         rx.generate(target, random_drafter(target), PROMPTS_3, 4, check_every=bad)
     with pytest.raises(ValueError, match="check_every"):
         rx.autoregressive_generate(target, PROMPTS_3, 4, check_every=bad)
+
+
+@pytest.mark.parametrize("W,L", [(2, 3), (1, 1)])
+def test_stage_timer_hooks_cover_the_step(target, W, L):
+    # the timer wraps the models and ops from outside the step: same tokens, every stage accounted
+    from redrafter_ext.profiling import STAGES, StageTimer
+
+    drafter = random_drafter(target)
+    timer = StageTimer()
+    out = rx.generate(target, drafter, PROMPTS_3, 8, beam_width=W, beam_length=L, timer=timer)
+    assert out.tokens == rx.generate(target, drafter, PROMPTS_3, 8, beam_width=W, beam_length=L).tokens
+    split = timer.split()
+    assert list(split) == list(STAGES)
+    assert all(v >= 0 for v in split.values()), split
+    assert sum(split.values()) == pytest.approx(timer.seconds["step"])
+    assert timer.seconds["target"] > 0
+    if L > 1:
+        assert split["draft_rnn"] > 0 and split["beam_topk"] > 0 and split["trie"] > 0 and split["kv_compact"] > 0

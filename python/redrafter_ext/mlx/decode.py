@@ -28,7 +28,7 @@ from types import ModuleType
 import mlx.core as mx
 
 from .. import _generate_common as common  # the host-side parts both backends' loops share
-from .._generate_common import GenerateOutput
+from .._generate_common import GenerateOutput, Verified
 from .._shape_checks import OPS, num_nodes_max
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
@@ -205,23 +205,21 @@ def decode_step(
     logits, hidden, kv = target(node_token, positions, mask, state.cache_len, state.kv)
     key = state.key
     if greedy:
-        accept_len, best_beam, path_nodes, next_token = ops.verify_greedy(logits, beams, beam_node)
+        verified = Verified(*ops.verify_greedy(logits, beams, beam_node))
     else:
         if uniforms is None:
             if key is None:
                 raise ValueError("decode_step: sampling needs state.key (an mx.random.key)")
             key, k_acc, k_next = mx.random.split(key, 3)
             uniforms = (mx.random.uniform(shape=(B, L - 1, W), key=k_acc), mx.random.uniform(shape=(B,), key=k_next))
-        accept_len, best_beam, path_nodes, next_token = ops.verify_sample(
-            logits, beams, beam_node, uniforms[0], uniforms[1],
-            float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
-        )
+        verified = Verified(*ops.verify_sample(logits, beams, beam_node, uniforms[0], uniforms[1],
+                                               float(sampling.temperature), int(sampling.top_k),
+                                               float(sampling.top_p)))
     no_room = None
     if check_room:
         S = state.kv.shape[4]
         no_room = (state.cache_len < 0) | (state.cache_len > S - num_nodes_max(W, L))
-    return _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops,
-                   no_room)
+    return _commit(state, kv, key, beams, verified, hidden, num_nodes, ops, no_room)
 
 
 def _gather_rows(a: mx.array, idx: mx.array) -> mx.array:
@@ -230,8 +228,8 @@ def _gather_rows(a: mx.array, idx: mx.array) -> mx.array:
     return mx.take_along_axis(a, mx.broadcast_to(idx, (a.shape[0], 1) + tuple(a.shape[2:])), axis=1)[:, 0]
 
 
-def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops,
-            no_room=None):
+def _commit(state: DecodeState, kv: mx.array, key: mx.array | None, beams: mx.array, v: Verified, hidden: mx.array,
+            num_nodes: mx.array, ops, no_room: mx.array | None = None):
     """Steps 6-7: compact the KV cache, write the committed tokens; returns (new state, n_commit).
     Rows in ``no_room`` (B,) bool commit nothing and are marked done and flagged in ``overflow``."""
     overflow = state.overflow
@@ -240,10 +238,10 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
         state = replace(state, done=state.done | no_room)
     B, _, L = beams.shape
     i = mx.arange(L, dtype=mx.int32)
-    path_tokens = _gather_rows(beams, best_beam).astype(mx.int32)  # [B, L]
+    path_tokens = _gather_rows(beams, v.best_beam).astype(mx.int32)  # [B, L]
 
     # commit root + accepted drafts, cut after an EOS and at max_new_tokens; -1 = inactive row
-    n_commit = accept_len.astype(mx.int32) + 1
+    n_commit = v.accept_len.astype(mx.int32) + 1
     if state.eos_id is not None:
         is_eos = (path_tokens == state.eos_id) & (i[None, :] < n_commit[:, None])
         first_eos = mx.min(mx.where(is_eos, i[None, :], L), axis=1)
@@ -253,14 +251,14 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
     last = n_commit - 1  # the last committed path position, -1 for inactive rows
 
     # 6: keep only the committed path's K/V; cache_len += n_commit
-    kv, cache_len = ops.kv_compact(kv, state.cache_len, path_nodes, last)
+    kv, cache_len = ops.kv_compact(kv, state.cache_len, v.path_nodes, last)
 
     # 7: fixed-shape scatter into the output buffer; uncommitted positions go to scratch columns
     scratch = state.out.shape[1] - L + i
     dst = mx.where(i[None, :] < n_commit[:, None], state.num_out[:, None] + i[None, :], scratch[None, :])
     out = mx.put_along_axis(state.out, dst, path_tokens, axis=1)
     last_c = mx.maximum(last, 0)
-    last_node = _gather_rows(path_nodes[:, :, None], last_c)[:, 0]  # [B]
+    last_node = _gather_rows(v.path_nodes[:, :, None], last_c)[:, 0]  # [B]
     new_hidden = _gather_rows(hidden, last_node)
     active = ~state.done
     num_out = state.num_out + n_commit
@@ -271,7 +269,7 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
         kv=kv,
         cache_len=cache_len,
         hidden=mx.where(active[:, None], new_hidden.astype(state.hidden.dtype), state.hidden),
-        token=mx.where(active, next_token.astype(mx.int32), state.token),
+        token=mx.where(active, v.next_token.astype(mx.int32), state.token),
         out=out,
         num_out=num_out,
         done=state.done | finished,
