@@ -52,7 +52,9 @@ from .sampling import sample_inverse_cdf, sampling_probs
 
 
 def default_ops() -> ModuleType:
-    """The native ops module (``redrafter_ext.ops``)."""
+    """The native ops module (``redrafter_ext.ops``). No fallback: the torch extension is part of
+    every install, so a missing one is an error (the reference is opt-in, ``ops=reference``); the
+    MLX loop falls back because its extension is optional (``redrafter_ext.mlx.default_ops``)."""
     from . import ops
 
     return ops
