@@ -102,12 +102,16 @@ inline at::ScalarType common_index_type(const at::Tensor& a, const at::Tensor& b
   return a.scalar_type() == at::kLong || b.scalar_type() == at::kLong ? at::kLong : at::kInt;
 }
 
+// The launchers' multi-output results.
+using Tensors4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Tensors5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
 // beam_topk's inputs, contiguous, their sizes, and the four outputs, allocated.
 struct BeamTopkArgs {
   at::Tensor logits, scores, tokens, state;
   int64_t B, W, V, L, D;
   at::Tensor scores_out, tokens_out, state_out, parent_out;  // [B, W] f32, [B, W, L] i32, [B, W, D], [B, W] i32
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs() const {
+  Tensors4 outputs() const {
     return {scores_out, tokens_out, state_out, parent_out};
   }
 };
@@ -119,7 +123,7 @@ struct BuildTrieArgs {
   at::Tensor beams;
   int64_t B, W, L, N;
   at::Tensor node_token, node_parent, node_depth, beam_node, num_nodes;  // [B, N] x3, [B, W, L], [B]
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs() const {
+  Tensors5 outputs() const {
     return {node_token, node_parent, node_depth, beam_node, num_nodes};
   }
 };
@@ -133,7 +137,7 @@ struct VerifyArgs {
   int64_t B, W, L, n_logit_rows, V;
   at::Tensor accept_len, best_beam, path_nodes, next_token;  // [B], [B], [B, L], [B]
 
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs() const {
+  Tensors4 outputs() const {
     return {accept_len, best_beam, path_nodes, next_token};
   }
 };

@@ -80,10 +80,8 @@ at::Tensor tree_mask_cpu(const at::Tensor& node_parent_in, const at::Tensor& num
 // ---------------------------------------------------------------------------------------------
 // beam_topk
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const at::Tensor& logits_in,
-                                                                         const at::Tensor& scores_in,
-                                                                         const at::Tensor& tokens_in,
-                                                                         const at::Tensor& state_in, int64_t step) {
+Tensors4 beam_topk_cpu(const at::Tensor& logits_in, const at::Tensor& scores_in, const at::Tensor& tokens_in,
+                       const at::Tensor& state_in, int64_t step) {
   check_beam_topk_inputs(logits_in, scores_in, tokens_in, state_in, step);
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "beam_topk: logits must be a CPU tensor for the CPU kernel");
   const BeamTopkArgs a = prepare_beam_topk(logits_in, scores_in, tokens_in, state_in);
@@ -144,7 +142,7 @@ void check_token_ids(const char* op, const char* name, const I* t, int64_t B, in
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_trie_cpu(const at::Tensor& beams_in) {
+Tensors5 build_trie_cpu(const at::Tensor& beams_in) {
   check_build_trie_inputs(beams_in);
   TORCH_CHECK_VALUE(beams_in.is_cpu(), "build_trie: beams must be a CPU tensor for the CPU kernel");
   const BuildTrieArgs a = prepare_build_trie(beams_in);
@@ -177,9 +175,8 @@ void check_node_ids(const char* op, const I* bn, int64_t B, int64_t W, int64_t L
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tensor& logits_in,
-                                                                             const at::Tensor& beams_in,
-                                                                             const at::Tensor& beam_node_in) {
+Tensors4 verify_greedy_cpu(const at::Tensor& logits_in, const at::Tensor& beams_in,
+                           const at::Tensor& beam_node_in) {
   check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "verify_greedy: logits must be a CPU tensor for the CPU kernel");
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
@@ -209,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(con
 // ---------------------------------------------------------------------------------------------
 // verify_sample: every value (token ids, node ids, uniforms) is checked before anything is computed
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cpu(
+Tensors4 verify_sample_cpu(
     const at::Tensor& logits_in, const at::Tensor& beams_in, const at::Tensor& beam_node_in,
     const at::Tensor& accept_u_in, const at::Tensor& sample_u_in, double temperature, int64_t top_k, double top_p) {
   check_verify_sample_inputs(logits_in, beams_in, beam_node_in, accept_u_in, sample_u_in, temperature, top_k, top_p);

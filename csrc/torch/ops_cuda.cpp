@@ -34,10 +34,8 @@ at::Tensor tree_mask_cuda(const at::Tensor& node_parent_in, const at::Tensor& nu
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cuda(const at::Tensor& logits_in,
-                                                                          const at::Tensor& scores_in,
-                                                                          const at::Tensor& tokens_in,
-                                                                          const at::Tensor& state_in, int64_t step) {
+Tensors4 beam_topk_cuda(const at::Tensor& logits_in, const at::Tensor& scores_in, const at::Tensor& tokens_in,
+                        const at::Tensor& state_in, int64_t step) {
   check_beam_topk_inputs(logits_in, scores_in, tokens_in, state_in, step);
   check_on_cuda("beam_topk", "logits", logits_in);
   DeviceGuard guard(logits_in);
@@ -55,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cuda(const 
   return a.outputs();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_trie_cuda(const at::Tensor& beams_in) {
+Tensors5 build_trie_cuda(const at::Tensor& beams_in) {
   check_build_trie_inputs(beams_in);
   check_on_cuda("build_trie", "beams", beams_in);
   TORCH_CHECK_VALUE(beams_in.size(1) * beams_in.size(2) <= cuda::build_trie_max_beam_tokens(),
@@ -72,9 +70,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_tri
   return a.outputs();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tensor& logits_in,
-                                                                              const at::Tensor& beams_in,
-                                                                              const at::Tensor& beam_node_in) {
+Tensors4 verify_greedy_cuda(const at::Tensor& logits_in, const at::Tensor& beams_in,
+                            const at::Tensor& beam_node_in) {
   check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);
   check_on_cuda("verify_greedy", "logits", logits_in);
   DeviceGuard guard(logits_in);
@@ -97,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(co
 // verify_sample: metadata checks only (no host reads of the uniforms, tokens or node ids, so the
 // op stays sync-free and graph-capturable); the kernel guards against out-of-range values itself
 // (csrc/cuda/kernels.h). temperature == 0 is verify_greedy, exactly.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cuda(
+Tensors4 verify_sample_cuda(
     const at::Tensor& logits_in, const at::Tensor& beams_in, const at::Tensor& beam_node_in,
     const at::Tensor& accept_u_in, const at::Tensor& sample_u_in, double temperature, int64_t top_k, double top_p) {
   check_verify_sample_inputs(logits_in, beams_in, beam_node_in, accept_u_in, sample_u_in, temperature, top_k, top_p);
