@@ -5,12 +5,13 @@
 // inputs are ready. So the ops are lazy and asynchronous like MLX's own. Values are unknown when
 // the graph is built, so each task first clamps the values that index memory (node ids, lengths,
 // draft tokens) into range, or drops an invalid kv_compact row: results for invalid inputs are
-// unspecified but memory-safe (the torch ops raise instead). Metadata (ranks, shapes, dtypes) is
-// checked once, by the Python wrappers (redrafter_ext.mlx.ops), before a node is built.
+// unspecified but memory-safe (the torch ops raise instead).
 #include "redrafter_mlx.h"
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <type_traits>
 
@@ -26,6 +27,44 @@
 
 namespace redrafter::mlx_ext {
 namespace {
+
+// ---- graph-time checks (metadata only) ----
+
+[[noreturn]] void fail(const char* op, const std::string& msg) {
+  throw std::invalid_argument(std::string(op) + ": " + msg);
+}
+
+std::string shape_str(const mx::array& a) {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < static_cast<int>(a.ndim()); ++i) os << (i ? ", " : "") << a.shape(i);
+  os << (a.ndim() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+void check_rank(const char* op, const char* name, const mx::array& a, int ndim, const char* dims) {
+  if (static_cast<int>(a.ndim()) != ndim) {
+    fail(op, std::string(name) + " must have " + std::to_string(ndim) + " dims (" + dims + "), got shape " +
+                 shape_str(a));
+  }
+}
+
+bool is_float(mx::Dtype t) { return t == mx::float32 || t == mx::float16 || t == mx::bfloat16; }
+
+void check_float(const char* op, const char* name, const mx::array& a) {
+  if (!is_float(a.dtype())) fail(op, std::string(name) + " must be float32, float16 or bfloat16");
+}
+
+void check_dtype(const char* op, const char* name, const mx::array& a, mx::Dtype t, const char* tname) {
+  if (a.dtype() != t) fail(op, std::string(name) + " must have dtype " + tname);
+}
+
+void check_dim(const char* op, const char* name, const mx::array& a, int axis, int expected, const char* what) {
+  if (a.shape(axis) != expected) {
+    fail(op, std::string(name) + " dim " + std::to_string(axis) + " must be " + what + " = " +
+                 std::to_string(expected) + ", got shape " + shape_str(a));
+  }
+}
 
 // The kernels take dense row-major buffers. An evaluated row-contiguous input is used as it is;
 // anything else (lazy, strided, broadcast) goes through MLX's contiguous op, which shares the
@@ -95,7 +134,25 @@ std::pair<std::vector<mx::array>, std::vector<int>> Op::vmap(const std::vector<m
 
 std::vector<mx::array> beam_topk(const mx::array& logits, const mx::array& scores, const mx::array& tokens,
                                  const mx::array& state, int step, mx::StreamOrDevice s) {
-  const int B = logits.shape(0), W = logits.shape(1), L = tokens.shape(2);
+  const char* op = "beam_topk";
+  check_rank(op, "logits", logits, 3, "B, W, V");
+  check_float(op, "logits", logits);
+  const int B = logits.shape(0), W = logits.shape(1), V = logits.shape(2);
+  if (W < 1 || V < 1) fail(op, "logits must have W >= 1 and V >= 1, got shape " + shape_str(logits));
+  check_rank(op, "scores", scores, 2, "B, W");
+  check_dtype(op, "scores", scores, mx::float32, "float32");
+  check_dim(op, "scores", scores, 0, B, "B");
+  check_dim(op, "scores", scores, 1, W, "W");
+  check_rank(op, "tokens", tokens, 3, "B, W, L");
+  check_dtype(op, "tokens", tokens, mx::int32, "int32");
+  check_dim(op, "tokens", tokens, 0, B, "B");
+  check_dim(op, "tokens", tokens, 1, W, "W");
+  check_rank(op, "state", state, 3, "B, W, D");
+  check_float(op, "state", state);
+  check_dim(op, "state", state, 0, B, "B");
+  check_dim(op, "state", state, 1, W, "W");
+  const int L = tokens.shape(2);
+  if (step < 1 || step >= L) fail(op, "step must be in [1, L) with L=" + std::to_string(L));
   auto st = mx::to_stream(s);
   return mx::array::make_arrays({{B, W}, {B, W, L}, state.shape(), {B, W}},
                                 {mx::float32, mx::int32, state.dtype(), mx::int32},
@@ -142,7 +199,11 @@ void BeamTopk::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>
 // build_trie
 
 std::vector<mx::array> build_trie(const mx::array& beams, mx::StreamOrDevice s) {
+  const char* op = "build_trie";
+  check_rank(op, "beams", beams, 3, "B, W, L");
+  check_dtype(op, "beams", beams, mx::int32, "int32");
   const int B = beams.shape(0), W = beams.shape(1), L = beams.shape(2);
+  if (W < 1 || L < 1) fail(op, "beams must have W >= 1 and L >= 1, got shape " + shape_str(beams));
   const int N = 1 + W * (L - 1);
   auto st = mx::to_stream(s);
   return mx::array::make_arrays({{B, N}, {B, N}, {B, N}, {B, W, L}, {B}},
@@ -179,7 +240,14 @@ void BuildTrie::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array
 // tree_mask
 
 mx::array tree_mask(const mx::array& node_parent, const mx::array& num_nodes, bool packed, mx::StreamOrDevice s) {
+  const char* op = "tree_mask";
+  check_rank(op, "node_parent", node_parent, 2, "B, N");
+  check_dtype(op, "node_parent", node_parent, mx::int32, "int32");
   const int B = node_parent.shape(0), N = node_parent.shape(1);
+  if (N < 1) fail(op, "node_parent must have N >= 1 nodes, got shape " + shape_str(node_parent));
+  check_rank(op, "num_nodes", num_nodes, 1, "B");
+  check_dtype(op, "num_nodes", num_nodes, mx::int32, "int32");
+  check_dim(op, "num_nodes", num_nodes, 0, B, "B");
   auto st = mx::to_stream(s);
   mx::Shape shape = packed ? mx::Shape{B, N, (N + 31) / 32} : mx::Shape{B, N, N};
   return mx::array(std::move(shape), packed ? mx::int32 : mx::bool_, std::make_shared<TreeMask>(st, packed),
@@ -228,6 +296,26 @@ void TreeMask::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>
 
 namespace {
 
+void check_verify(const char* op, const mx::array& logits, const mx::array& beams, const mx::array& beam_node) {
+  check_rank(op, "logits", logits, 3, "B, N, V");
+  check_float(op, "logits", logits);
+  check_rank(op, "beams", beams, 3, "B, W, L");
+  check_dtype(op, "beams", beams, mx::int32, "int32");
+  check_rank(op, "beam_node", beam_node, 3, "B, W, L");
+  check_dtype(op, "beam_node", beam_node, mx::int32, "int32");
+  const int B = beams.shape(0), W = beams.shape(1), L = beams.shape(2);
+  if (W < 1 || L < 1) fail(op, "beams must have W >= 1 and L >= 1, got shape " + shape_str(beams));
+  check_dim(op, "logits", logits, 0, B, "B (beams dim 0)");
+  if (logits.shape(1) < 1 + W * (L - 1)) {
+    fail(op, "logits must cover N >= 1 + W*(L-1) = " + std::to_string(1 + W * (L - 1)) + " nodes, got shape " +
+                 shape_str(logits));
+  }
+  if (logits.shape(2) < 1) fail(op, "logits must have V >= 1, got shape " + shape_str(logits));
+  if (beam_node.shape() != beams.shape()) {
+    fail(op, "beam_node must have the shape of beams " + shape_str(beams) + ", got " + shape_str(beam_node));
+  }
+}
+
 // beam_node values index rows of logits: clamped into [0, n_logit_rows)
 std::vector<int32_t> clamped_nodes(const int32_t* bn, int64_t n, int64_t n_logit_rows) {
   std::vector<int32_t> out(n);
@@ -260,6 +348,7 @@ VerifySizes verify_sizes(const std::vector<mx::array>& in) {
 
 std::vector<mx::array> verify_greedy(const mx::array& logits, const mx::array& beams, const mx::array& beam_node,
                                      mx::StreamOrDevice s) {
+  check_verify("verify_greedy", logits, beams, beam_node);
   auto st = mx::to_stream(s);
   return verify_outputs(beams, std::make_shared<VerifyGreedy>(st),
                         {dense(logits, st), dense(beams, st), dense(beam_node, st)});
@@ -298,6 +387,23 @@ void VerifyGreedy::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::ar
 std::vector<mx::array> verify_sample(const mx::array& logits, const mx::array& beams, const mx::array& beam_node,
                                      const mx::array& accept_u, const mx::array& sample_u, double temperature,
                                      int top_k, double top_p, mx::StreamOrDevice s) {
+  const char* op = "verify_sample";
+  check_verify(op, logits, beams, beam_node);
+  const int B = beams.shape(0), W = beams.shape(1), L = beams.shape(2);
+  check_rank(op, "accept_u", accept_u, 3, "B, L-1, W");
+  check_dtype(op, "accept_u", accept_u, mx::float32, "float32");
+  if (accept_u.shape() != mx::Shape{B, L - 1, W}) {
+    fail(op, "accept_u must have shape (B, L-1, W) = (" + std::to_string(B) + ", " + std::to_string(L - 1) + ", " +
+                 std::to_string(W) + "), got " + shape_str(accept_u));
+  }
+  check_rank(op, "sample_u", sample_u, 1, "B");
+  check_dtype(op, "sample_u", sample_u, mx::float32, "float32");
+  check_dim(op, "sample_u", sample_u, 0, B, "B");
+  if (!(temperature >= 0.0) || temperature == std::numeric_limits<double>::infinity()) {
+    fail(op, "temperature must be a finite float >= 0");
+  }
+  if (top_k < 0) fail(op, "top_k must be >= 0 (0: no top-k)");
+  if (!(top_p > 0.0 && top_p <= 1.0)) fail(op, "top_p must be in (0, 1] (1: no top-p)");
   if (temperature == 0.0) return verify_greedy(logits, beams, beam_node, s);  // greedy, exactly
   auto st = mx::to_stream(s);
   return verify_outputs(
@@ -345,7 +451,24 @@ void VerifySample::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::ar
 
 std::vector<mx::array> kv_compact(const mx::array& kv, const mx::array& cache_len, const mx::array& path_nodes,
                                   const mx::array& accept_len, mx::StreamOrDevice s) {
-  const int B = kv.shape(2);
+  const char* op = "kv_compact";
+  check_rank(op, "kv", kv, 6, "n_layers, 2, B, H_kv, S, D");
+  check_float(op, "kv", kv);
+  if (kv.shape(1) != 2) fail(op, "kv dim 1 must be 2 (K and V), got shape " + shape_str(kv));
+  const int B = kv.shape(2), S = kv.shape(4);
+  check_rank(op, "cache_len", cache_len, 1, "B");
+  check_dtype(op, "cache_len", cache_len, mx::int32, "int32");
+  check_dim(op, "cache_len", cache_len, 0, B, "B (kv dim 2)");
+  check_rank(op, "path_nodes", path_nodes, 2, "B, L");
+  check_dtype(op, "path_nodes", path_nodes, mx::int32, "int32");
+  check_dim(op, "path_nodes", path_nodes, 0, B, "B (kv dim 2)");
+  check_rank(op, "accept_len", accept_len, 1, "B");
+  check_dtype(op, "accept_len", accept_len, mx::int32, "int32");
+  check_dim(op, "accept_len", accept_len, 0, B, "B (kv dim 2)");
+  const int L = path_nodes.shape(1);
+  if (L < 1 || L > S) {
+    fail(op, "path_nodes length L=" + std::to_string(L) + " must be in [1, S=" + std::to_string(S) + "]");
+  }
   auto st = mx::to_stream(s);
   return mx::array::make_arrays({kv.shape(), {B}}, {kv.dtype(), mx::int32}, std::make_shared<KvCompact>(st),
                                 {dense(kv, st), dense(cache_len, st), dense(path_nodes, st), dense(accept_len, st)});

@@ -1,6 +1,6 @@
 // MLX side of the ReDrafter ops: one Primitive per op. The op functions build the lazy graph node
-// (inputs made row-contiguous). They trust their one caller, redrafter_ext.mlx.ops, which checks
-// types, ranks, shapes and dtypes first (the rules torch shares, _shape_checks.py); eval_cpu runs the shared torch-free CPU kernels of csrc/cpu/ as a task on the
+// (inputs made row-contiguous, shapes and dtypes checked: std::invalid_argument naming the
+// argument); eval_cpu runs the shared torch-free CPU kernels of csrc/cpu/ as a task on the
 // stream's CPU command encoder; eval_gpu calls the Metal dispatch (csrc/metal/dispatch.h) when the
 // module is built with Metal, else throws. Integer inputs must be int32 (redrafter_ext.mlx.ops
 // casts). Values cannot be checked before evaluation, so eval_cpu clamps or ignores out-of-range
