@@ -38,10 +38,6 @@ def check_tensor(
     return _TORCH.array(op, name, t, dims, dtypes, device)
 
 
-def check_shape(op: str, name: str, t: Tensor, expected: Sequence[int], dims: str) -> None:
-    _TORCH.shape(op, name, t, expected, dims)
-
-
 def check_beam_topk(logits: Tensor, scores: Tensor, tokens: Tensor, state: Tensor, step: int) -> None:
     _TORCH.beam_topk(logits, scores, tokens, state, step)
 
