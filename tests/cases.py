@@ -109,3 +109,16 @@ def trie_beams(B: int, W: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The beams of a (B, W, L) size case: shared prefixes (int32), then almost none (int64 ids)."""
     g = gen(B * 1000 + W * 10 + L)
     return torch.randint(0, 3, (B, W, L), generator=g, dtype=torch.int32), torch.randint(0, 128256, (B, W, L), generator=g)
+
+
+@st.composite
+def token_beams(draw, batch=None, max_w=6, max_l=6, alphabet=3, dtypes=(torch.int64,)):
+    """Beams drawn token by token over a tiny alphabet (so hypothesis shrinks them), each starting
+    with the guaranteed token; ``batch`` a strategy for B (default 1..3)."""
+    B = draw(batch if batch is not None else st.integers(1, 3))
+    W = draw(st.integers(1, max_w))
+    L = draw(st.integers(1, max_l))
+    toks = draw(st.lists(st.integers(0, alphabet - 1), min_size=B * W * L, max_size=B * W * L))
+    beams = torch.tensor(toks, dtype=torch.int64).reshape(B, W, L)
+    beams[:, :, 0] = beams[:, :1, 0]  # every beam starts with the guaranteed token
+    return beams.to(draw(st.sampled_from(dtypes))) if len(dtypes) > 1 else beams
