@@ -528,13 +528,8 @@ void KvCompact::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array
         // as an inactive row: the kernel then neither copies nor advances it.
         std::vector<int32_t> acc(B);
         for (int64_t b = 0; b < B; ++b) {
-          const int64_t a = acc_in[b], c = len_out[b];
-          bool ok = a >= -1 && a <= L - 1 && c >= 0 && c <= S;
-          for (int64_t i = 0; ok && i <= a; ++i) {
-            const int64_t p = path[b * L + i];
-            ok = p >= i && c + p < S;
-          }
-          acc[b] = ok ? static_cast<int32_t>(a) : -1;
+          const bool ok = cpu::kv_row_fault(acc_in[b], len_out[b], path + b * L, L, S).kind == cpu::KvRowFault::kNone;
+          acc[b] = ok ? acc_in[b] : -1;
         }
         if (units > 0 && slot_bytes > 0) {
           cpu::kv_compact<int32_t>(kv_out, B, H, S, slot_bytes, len_out, path, L, acc.data(), 0, units);

@@ -8,6 +8,8 @@
 #include <string>
 #include <tuple>
 
+#include "cpu/kernels.h"
+
 namespace redrafter {
 
 inline void check_dim(const char* op, const char* name, const at::Tensor& t, int64_t ndim,
@@ -73,24 +75,22 @@ void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor&
                                    const at::Tensor& cache_len, const at::Tensor& path_nodes,
                                    const at::Tensor& accept_len);
 
-// The row rule of kv_compact and kv_compact_paged, read on the host by the CPU launchers (the
-// CUDA kernels guard the same rule on the device): accept_len a in [-1, L-1], cache_len c in
-// [0, S], and at every accepted position i <= a, path[i] >= i and c + path[i] < S. `s_is` says
-// what S is in messages; `accepted(i, p)` is called at each accepted position after its checks.
-template <typename I, typename F>
+// The row rule of kv_compact and kv_compact_paged (cpu::kv_row_fault) on row b, raised as a
+// ValueError naming the value (the CUDA kernels guard the same rule on the device). `s_is` says
+// what S is in messages.
+template <typename I>
 void check_kv_row(const char* op, int64_t b, int64_t c, const I* path, int64_t L, int64_t a, int64_t S,
-                  const char* s_is, F&& accepted) {
-  TORCH_CHECK_VALUE(a >= -1 && a <= L - 1, op, ": accept_len[", b, "] = ", a, " must be in [-1, L-1 = ", L - 1,
+                  const char* s_is) {
+  using F = cpu::KvRowFault;
+  const F f = cpu::kv_row_fault(a, c, path, L, S);
+  TORCH_CHECK_VALUE(f.kind != F::kAcceptLen, op, ": accept_len[", b, "] = ", a, " must be in [-1, L-1 = ", L - 1,
                     "] (-1: inactive row)");
-  TORCH_CHECK_VALUE(c >= 0 && c <= S, op, ": cache_len[", b, "] = ", c, " must be in [0, S = ", S, "] (", s_is, ")");
-  for (int64_t i = 0; i <= a; ++i) {
-    const int64_t p = static_cast<int64_t>(path[i]);
-    TORCH_CHECK_VALUE(p >= i, op, ": path_nodes[", b, ", ", i, "] = ", p,
-                      " must satisfy path_nodes[b, i] >= i (an accepted node is never before its position)");
-    TORCH_CHECK_VALUE(c + p < S, op, ": cache_len[", b, "] + path_nodes[", b, ", ", i, "] = ", c, " + ", p,
-                      " exceeds the row capacity S = ", S, " (", s_is, ")");
-    accepted(i, p);
-  }
+  TORCH_CHECK_VALUE(f.kind != F::kCacheLen, op, ": cache_len[", b, "] = ", c, " must be in [0, S = ", S, "] (", s_is,
+                    ")");
+  TORCH_CHECK_VALUE(f.kind != F::kPathBefore, op, ": path_nodes[", b, ", ", f.i, "] = ", f.p,
+                    " must satisfy path_nodes[b, i] >= i (an accepted node is never before its position)");
+  TORCH_CHECK_VALUE(f.kind != F::kPathPast, op, ": cache_len[", b, "] + path_nodes[", b, ", ", f.i, "] = ", c, " + ",
+                    f.p, " exceeds the row capacity S = ", S, " (", s_is, ")");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -271,8 +271,7 @@ void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at:
     const index_t* acc = accept_len.const_data_ptr<index_t>();
     const int32_t* len = lens.const_data_ptr<int32_t>();
     for (int64_t b = 0; b < B; ++b) {
-      check_kv_row("kv_compact", b, len[b], path + b * L, L, static_cast<int64_t>(acc[b]), S, "kv.shape[4]",
-                   [](int64_t, int64_t) {});
+      check_kv_row("kv_compact", b, len[b], path + b * L, L, static_cast<int64_t>(acc[b]), S, "kv.shape[4]");
     }
     if (kv.numel() > 0) {
       const int64_t units = kv.size(0) * 2 * B * H;
@@ -305,10 +304,11 @@ void check_paged_row(int64_t b, const int32_t* table, int64_t max_blocks, int64_
                       " is read or written)");
     touched.emplace_back(p, b, j);
   };
-  check_kv_row(kOp, b, c, path, L, a, max_blocks * block_size, "max_blocks * block_size", [&](int64_t i, int64_t p) {
+  check_kv_row(kOp, b, c, path, L, a, max_blocks * block_size, "max_blocks * block_size");
+  for (int64_t i = 0; i <= a; ++i) {
     block_of(c + i);
-    block_of(c + p);
-  });
+    block_of(c + static_cast<int64_t>(path[i]));
+  }
 }
 
 void kv_compact_paged_cpu(const at::Tensor& kv_pages, const at::Tensor& block_table_in, const at::Tensor& cache_len,
