@@ -25,7 +25,8 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+
+from timing import stats_ms, timed  # bench/timing.py, next to this script
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,25 +43,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-ops", action="store_true")
     p.add_argument("--skip-e2e", action="store_true")
     return p.parse_args(argv)
-
-
-def timed(fn: Callable[[], object], runs: int) -> list[float]:
-    fn()  # warm-up
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def stats_ms(times: list[float]) -> tuple[float, float]:
-    """(median, interquartile range) in milliseconds."""
-    ms = sorted(t * 1e3 for t in times)
-    if len(ms) < 4:
-        return statistics.median(ms), ms[-1] - ms[0]
-    q = statistics.quantiles(ms, n=4)
-    return statistics.median(ms), q[2] - q[0]
 
 
 def op_inputs(mx, ref, B: int, W: int, L: int, V: int, S: int):
@@ -121,7 +103,7 @@ def bench_ops(mx, ref, native, a) -> None:
                 check_same(mx, name, call(ref), call(native))
             med = {}
             for label, mod in impls:
-                m, iqr = stats_ms(timed(lambda mod=mod, call=call: mx.eval(call(mod)), runs))
+                m, iqr = stats_ms(timed(lambda mod=mod, call=call: mx.eval(call(mod)), None, runs))
                 med[label] = m
                 sp = f"{med['reference'] / m:7.2f}x" if label == "native" else ""
                 print(f"{name:<17} {f'{B},{W},{L},{V}':<18} {label:<9} {m:10.3f} {iqr:8.3f} {sp:>8}", flush=True)

@@ -18,43 +18,12 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
+from timing import stats_ms, timed  # bench/timing.py, next to this script
 
 from redrafter_ext import ops
 from redrafter_ext import reference as ref
-
-
-def timed(fn: Callable[[], object], setup: Callable[[], object] | None, runs: int, budget_s: float) -> list[float]:
-    """Wall times of ``fn`` (``setup`` runs untimed before each call): ``runs`` of them, or fewer (>= 3)
-    when they would take longer than ``budget_s``."""
-    if setup:
-        setup()
-    fn()  # warm-up (thread pool, allocator)
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < runs:
-        if setup:
-            setup()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 3 and time.perf_counter() - start > budget_s:
-            break
-    return times
-
-
-def stats(times: list[float]) -> tuple[float, float]:
-    """(median ms, interquartile range ms)."""
-    ms = sorted(t * 1e3 for t in times)
-    if len(ms) < 4:
-        return statistics.median(ms), ms[-1] - ms[0]
-    q = statistics.quantiles(ms, n=4)
-    return statistics.median(ms), q[2] - q[0]
-
 
 HEADER = (
     f"{'op':<14} {'shape':<44} {'ref ms':>9} {'(IQR)':>8} {'n':>3}  {'native ms':>9} {'(IQR)':>8} {'n':>3}"
@@ -71,7 +40,7 @@ class Bench:
         """Time ``reference.<op>(*args)`` and ``ops.<op>(*args)``."""
         r = timed(lambda: getattr(ref, op)(*args), setup, self.runs, self.ref_budget)
         n = timed(lambda: getattr(ops, op)(*args), setup, self.runs, float("inf"))
-        (rm, ri), (nm, ni) = stats(r), stats(n)
+        (rm, ri), (nm, ni) = stats_ms(r), stats_ms(n)
         gbs = f"{nbytes / (nm * 1e-3) / 1e9:6.1f}" if nbytes else f"{'':>6}"
         print(
             f"{op:<14} {shape:<44} {rm:9.3f} {ri:8.3f} {len(r):3d}  {nm:9.3f} {ni:8.3f} {len(n):3d}"

@@ -40,13 +40,7 @@ set(REDRAFTER_HAVE_MLX ON)
 set(REDRAFTER_MLX_SOURCES
   csrc/mlx/module.cpp
   csrc/mlx/primitives.cpp
-  csrc/cpu/tree_mask.cpp
-  csrc/cpu/beam_topk.cpp
-  csrc/cpu/build_trie.cpp
-  csrc/cpu/verify_greedy.cpp
-  csrc/cpu/verify_sample.cpp
-  csrc/cpu/kv_compact.cpp
-  csrc/cpu/vec.cpp
+  ${REDRAFTER_CPU_KERNELS}
 )
 
 # Metal: only where MLX itself runs on Metal (macOS). Untested in this project's CI (Linux).
@@ -90,9 +84,6 @@ target_link_libraries(_ext PRIVATE mlx)
 # the CPU kernels without torch: project-owned 16-bit types instead of c10's (csrc/cpu/types.h)
 target_compile_definitions(_ext PRIVATE REDRAFTER_CPU_NO_C10=1)
 target_compile_options(_ext PRIVATE -O3 -Wall -Wno-unused-parameter)
-if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-  set_source_files_properties(csrc/cpu/vec.cpp PROPERTIES COMPILE_OPTIONS -Wno-psabi)
-endif()
 # libmlx lives in the mlx wheel: site-packages/mlx/lib, two levels above redrafter_ext/mlx/_ext*.so
 if(APPLE)
   set(_rpath "@loader_path/../../mlx/lib")

@@ -51,15 +51,9 @@ set(REDRAFTER_TORCH_SOURCES
   csrc/torch/registration.cpp
   csrc/torch/checks.cpp
   csrc/torch/ops_cpu.cpp
-  csrc/cpu/tree_mask.cpp
-  csrc/cpu/beam_topk.cpp
-  csrc/cpu/build_trie.cpp
-  csrc/cpu/verify_greedy.cpp
-  csrc/cpu/verify_sample.cpp
-  csrc/cpu/kv_compact.cpp
-  csrc/cpu/vec.cpp
+  ${REDRAFTER_CPU_KERNELS}
+  csrc/cpu/kv_compact_paged.cpp
 )
-list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/paged_cpu.cpp csrc/cpu/kv_compact_paged.cpp)
 
 # CUDA: compiled when nvcc is found; the module links cudart statically so it imports anywhere.
 set(REDRAFTER_HAVE_CUDA OFF)
@@ -77,8 +71,8 @@ if(NOT REDRAFTER_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD 17)
     set(REDRAFTER_HAVE_CUDA ON)
     list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/ops_cuda.cpp csrc/cuda/tree_mask.cu csrc/cuda/beam_topk.cu
-         csrc/cuda/build_trie.cu csrc/cuda/verify_greedy.cu csrc/cuda/kv_compact.cu)
-    list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/paged_cuda.cpp csrc/cuda/kv_compact_paged.cu)
+         csrc/cuda/build_trie.cu csrc/cuda/verify_greedy.cu csrc/cuda/verify_sample.cu
+         csrc/cuda/kv_compact.cu csrc/cuda/kv_compact_paged.cu)
   elseif(REDRAFTER_CUDA STREQUAL "ON")
     message(FATAL_ERROR "REDRAFTER_CUDA=ON but no CUDA compiler (nvcc) was found; set CUDACXX")
   else()
@@ -86,12 +80,7 @@ if(NOT REDRAFTER_CUDA STREQUAL "OFF")
   endif()
 endif()
 
-# vec.cpp passes 32-byte vectors between always-inlined helpers only: GCC's ABI note is noise
-if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-  set_source_files_properties(csrc/cpu/vec.cpp PROPERTIES COMPILE_OPTIONS -Wno-psabi)
-endif()
-
-python_add_library(_C MODULE WITH_SOABI USE_SABI 3.9 ${REDRAFTER_TORCH_SOURCES})
+python_add_library(_C MODULE WITH_SOABI USE_SABI 3.10 ${REDRAFTER_TORCH_SOURCES})
 target_include_directories(_C PRIVATE ${_torch_inc} ${CMAKE_CURRENT_SOURCE_DIR}/csrc)
 target_compile_definitions(_C PRIVATE _GLIBCXX_USE_CXX11_ABI=${_torch_abi} TORCH_EXTENSION_NAME=_C)
 target_compile_options(_C PRIVATE
@@ -106,6 +95,3 @@ if(REDRAFTER_HAVE_CUDA)
 endif()
 install(TARGETS _C LIBRARY DESTINATION redrafter_ext)
 list(APPEND REDRAFTER_BUILT "torch(cuda=${REDRAFTER_HAVE_CUDA})")
-if(REDRAFTER_HAVE_CUDA)
-  target_sources(_C PRIVATE csrc/cuda/verify_sample.cu)
-endif()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+from hypothesis import strategies as st
 
 
 def gen(seed: int) -> torch.Generator:
@@ -87,3 +88,37 @@ def kv_inputs(n_layers, B, H, S, D, L, dtype, seed, idx=torch.int64, draw_row0=T
         if last:
             cache_len[b] = hi
     return kv, cache_len, path.to(idx), acc.to(idx)
+
+
+@st.composite
+def shared_beams(draw, max_w=12, max_l=8):
+    """Random ``(B, W, L)`` beams over a tiny alphabet (heavy prefix sharing), int32 or int64."""
+    B = draw(st.integers(1, 4))
+    W = draw(st.integers(1, max_w))
+    L = draw(st.integers(1, max_l))
+    alphabet = draw(st.integers(1, 4))  # tokens 0..alphabet-1: heavy prefix sharing
+    beams = torch.randint(0, alphabet, (B, W, L), generator=gen(draw(st.integers(0, 2**31 - 1))))
+    if draw(st.booleans()):  # copy whole prefixes from earlier beams as beam search does
+        for b, w in itertools.product(range(B), range(1, W)):
+            k = draw(st.integers(0, L))
+            beams[b, w, :k] = beams[b, draw(st.integers(0, w - 1)), :k]
+    return beams.to(draw(st.sampled_from([torch.int32, torch.int64])))
+
+
+def trie_beams(B: int, W: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The beams of a (B, W, L) size case: shared prefixes (int32), then almost none (int64 ids)."""
+    g = gen(B * 1000 + W * 10 + L)
+    return torch.randint(0, 3, (B, W, L), generator=g, dtype=torch.int32), torch.randint(0, 128256, (B, W, L), generator=g)
+
+
+@st.composite
+def token_beams(draw, batch=None, max_w=6, max_l=6, alphabet=3, dtypes=(torch.int64,)):
+    """Beams drawn token by token over a tiny alphabet (so hypothesis shrinks them), each starting
+    with the guaranteed token; ``batch`` a strategy for B (default 1..3)."""
+    B = draw(batch if batch is not None else st.integers(1, 3))
+    W = draw(st.integers(1, max_w))
+    L = draw(st.integers(1, max_l))
+    toks = draw(st.lists(st.integers(0, alphabet - 1), min_size=B * W * L, max_size=B * W * L))
+    beams = torch.tensor(toks, dtype=torch.int64).reshape(B, W, L)
+    beams[:, :, 0] = beams[:, :1, 0]  # every beam starts with the guaranteed token
+    return beams.to(draw(st.sampled_from(dtypes))) if len(dtypes) > 1 else beams

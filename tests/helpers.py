@@ -59,3 +59,13 @@ class OracleDrafter:
             return logits, torch.stack([on.float(), (pos + 1).float()], dim=-1)
 
         return beam_search(step, state0, token, beam_width, beam_length, ops)
+
+
+# generate's argument errors, the same on both backends: (prompts, max_new_tokens, exception, message)
+BAD_GENERATE_ARGS = [
+    ("def main():", 4, TypeError, "prompts is a string: tokenize it first"),
+    ([1, 2, 3], 4, TypeError, r"flat list of ints; for one prompt pass \[\[1, \.\.\.\]\]"),
+    ([[1, 2, 3]], 2.5, ValueError, "max_new_tokens must be an int >= 0, got 2.5"),
+    ([[1, 2.5, 3]], 4, TypeError, r"prompts\[0\]\[1\] = 2.5 is not an int token id"),
+    ([[True, 2]], 4, TypeError, r"prompts\[0\]\[0\] = True is not an int token id"),
+]

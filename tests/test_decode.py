@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import OracleDrafter, random_drafter, random_target
+from helpers import BAD_GENERATE_ARGS, OracleDrafter, random_drafter, random_target
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import redrafter_ext as rx
@@ -298,20 +298,13 @@ def test_decode_step_rejects_bad_state_dtypes_without_writing(target):
 def test_generate_rejects_bad_arguments_by_name(target):
     d = random_drafter(target)
     for fn in (lambda p, n: rx.generate(target, d, p, n), lambda p, n: rx.autoregressive_generate(target, p, n)):
-        with pytest.raises(TypeError, match="prompts is a string: tokenize it first"):
-            fn("def main():", 4)
+        for prompts, n, exc, message in BAD_GENERATE_ARGS:
+            with pytest.raises(exc, match=message):
+                fn(prompts, n)
         with pytest.raises(TypeError, match=r"prompts\[1\] is a string: tokenize it first"):
             fn([[1, 2], "abc"], 4)
-        with pytest.raises(TypeError, match=r"flat list of ints; for one prompt pass \[\[1, \.\.\.\]\]"):
-            fn([1, 2, 3], 4)
-        with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got 2.5"):
-            fn([[1, 2, 3]], 2.5)
         with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got True"):
             fn([[1, 2, 3]], True)
-        with pytest.raises(TypeError, match=r"prompts\[0\]\[1\] = 2.5 is not an int token id"):
-            fn([[1, 2.5, 3]], 4)
-        with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = True is not an int token id"):
-            fn([[True, 2]], 4)
         with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = 1.0 is not an int token id"):
             fn(torch.tensor([[1.0, 2.0]]), 4)
         with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = True is not an int token id"):
@@ -388,3 +381,21 @@ def test_generate_rejects_bad_check_every(target, bad):
         rx.generate(target, random_drafter(target), PROMPTS_3, 4, check_every=bad)
     with pytest.raises(ValueError, match="check_every"):
         rx.autoregressive_generate(target, PROMPTS_3, 4, check_every=bad)
+
+
+@pytest.mark.parametrize("W,L", [(2, 3), (1, 1)])
+def test_stage_timer_hooks_cover_the_step(target, W, L):
+    # the timer wraps the models and ops from outside the step: same tokens, every stage accounted
+    from redrafter_ext.profiling import STAGES, StageTimer
+
+    drafter = random_drafter(target)
+    timer = StageTimer()
+    out = rx.generate(target, drafter, PROMPTS_3, 8, beam_width=W, beam_length=L, timer=timer)
+    assert out.tokens == rx.generate(target, drafter, PROMPTS_3, 8, beam_width=W, beam_length=L).tokens
+    split = timer.split()
+    assert list(split) == list(STAGES)
+    assert all(v >= 0 for v in split.values()), split
+    assert sum(split.values()) == pytest.approx(timer.seconds["step"])
+    assert timer.seconds["target"] > 0
+    if L > 1:
+        assert split["draft_rnn"] > 0 and split["beam_topk"] > 0 and split["trie"] > 0 and split["kv_compact"] > 0

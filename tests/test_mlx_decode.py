@@ -11,7 +11,7 @@ mx = pytest.importorskip("mlx.core")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from helpers import random_drafter, random_target  # noqa: E402
+from helpers import BAD_GENERATE_ARGS, random_drafter, random_target  # noqa: E402
 
 import redrafter_ext as rx  # noqa: E402
 import redrafter_ext.mlx as rxm  # noqa: E402
@@ -249,7 +249,7 @@ def _biased_ops():
     """Negative control: verify_sample with halved acceptance uniforms (accepts drafts too often)."""
     from types import SimpleNamespace
 
-    ops = SimpleNamespace(**{n: getattr(mref, n) for n in rxm.decode.OP_NAMES})
+    ops = SimpleNamespace(**{n: getattr(mref, n) for n in rxm.decode.OPS})
     ops.verify_sample = lambda lg, b, bn, au, su, *a: mref.verify_sample(lg, b, bn, au * 0.5, su, *a)
     return ops
 
@@ -340,16 +340,9 @@ def test_decode_step_rejects_bad_state(tiny):
 def test_generate_rejects_bad_arguments_by_name(tiny):
     _, _, mt, md = tiny
     for fn in (lambda p, n: rxm.generate(mt, md, p, n), lambda p, n: rxm.autoregressive_generate(mt, p, n)):
-        with pytest.raises(TypeError, match="prompts is a string: tokenize it first"):
-            fn("def main():", 4)
-        with pytest.raises(TypeError, match=r"flat list of ints; for one prompt pass \[\[1, \.\.\.\]\]"):
-            fn([1, 2, 3], 4)
-        with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got 2.5"):
-            fn([[1, 2, 3]], 2.5)
-        with pytest.raises(TypeError, match=r"prompts\[0\]\[1\] = 2.5 is not an int token id"):
-            fn([[1, 2.5, 3]], 4)
-        with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = True is not an int token id"):
-            fn([[True, 2]], 4)
+        for prompts, n, exc, message in BAD_GENERATE_ARGS:
+            with pytest.raises(exc, match=message):
+                fn(prompts, n)
         with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] = 1.0 is not an int token id"):
             fn(mx.array([[1.0, 2.0]]), 4)
     P = mt.config.max_position_embeddings

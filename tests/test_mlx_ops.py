@@ -19,9 +19,8 @@ mx = pytest.importorskip("mlx.core")
 
 import cases  # noqa: E402
 import torch  # noqa: E402
-from cases import beam_inputs, follow_tokens, gen  # noqa: E402
+from cases import beam_inputs, follow_tokens, gen, shared_beams, trie_beams  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 from redrafter_ext import reference as ref  # noqa: E402
 from redrafter_ext.mlx import ops  # noqa: E402
@@ -110,20 +109,6 @@ def check_trie(beams: torch.Tensor):
     assert_same([ops.tree_mask(got[1], got[4], True)], [ref.tree_mask(parent, n, True)])
 
 
-@st.composite
-def shared_beams(draw, max_w=12, max_l=8):
-    B = draw(st.integers(1, 4))
-    W = draw(st.integers(1, max_w))
-    L = draw(st.integers(1, max_l))
-    alphabet = draw(st.integers(1, 4))  # tokens 0..alphabet-1: heavy prefix sharing
-    beams = torch.randint(0, alphabet, (B, W, L), generator=gen(draw(st.integers(0, 2**31 - 1))))
-    if draw(st.booleans()):  # copy whole prefixes from earlier beams as beam search does
-        for b, w in itertools.product(range(B), range(1, W)):
-            k = draw(st.integers(0, L))
-            beams[b, w, :k] = beams[b, draw(st.integers(0, w - 1)), :k]
-    return beams.to(draw(st.sampled_from([torch.int32, torch.int64])))
-
-
 @SETTINGS
 @given(shared_beams())
 def test_build_trie_hypothesis(beams):
@@ -132,9 +117,8 @@ def test_build_trie_hypothesis(beams):
 
 @pytest.mark.parametrize("B,W,L", list(itertools.product((1, 3, 7), (1, 2, 8, 64), (1, 2, 5))))
 def test_build_trie_sizes(B, W, L):
-    g = gen(B * 1000 + W * 10 + L)
-    check_trie(torch.randint(0, 3, (B, W, L), generator=g, dtype=torch.int32))  # shared prefixes
-    check_trie(torch.randint(0, 128256, (B, W, L), generator=g))  # almost no sharing
+    for beams in trie_beams(B, W, L):
+        check_trie(beams)
 
 
 def test_tree_mask_out_of_range_values_are_guarded():

@@ -15,6 +15,7 @@ mx = pytest.importorskip("mlx.core")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from cases import token_beams  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -118,23 +119,13 @@ def test_beam_topk_nan_rows_order_like_torch():
 # build_trie and tree_mask
 
 
-def beams_strategy(max_b=7, max_w=6, max_l=7, alphabet=3):
-    @st.composite
-    def make(draw):
-        B = draw(st.sampled_from([1, 2, 3, 7][: 1 + sum(b <= max_b for b in (2, 3, 7))]))
-        W = draw(st.integers(1, max_w))
-        L = draw(st.integers(1, max_l))
-        toks = draw(st.lists(st.integers(0, alphabet - 1), min_size=B * W * L, max_size=B * W * L))
-        beams = torch.tensor(toks, dtype=torch.int64).reshape(B, W, L)
-        beams[:, :, 0] = beams[:, :1, 0]
-        dtype = draw(st.sampled_from([torch.int32, torch.int64]))
-        return beams.to(dtype)
-
-    return make()
+# B in 1, 2, 3, 7; int32 or int64 ids
+MLX_BATCH = st.sampled_from([1, 2, 3, 7])
+MLX_IDS = (torch.int32, torch.int64)
 
 
 @settings(max_examples=60, deadline=None)
-@given(beams_strategy())
+@given(token_beams(MLX_BATCH, max_w=6, max_l=7, dtypes=MLX_IDS))
 def test_build_trie_matches_torch_and_properties(beams):
     B, W, L = beams.shape
     N = 1 + W * (L - 1)
@@ -160,7 +151,7 @@ def test_build_trie_matches_torch_and_properties(beams):
 
 
 @settings(max_examples=60, deadline=None)
-@given(beams_strategy(max_w=8, max_l=7))
+@given(token_beams(MLX_BATCH, max_w=8, max_l=7, dtypes=MLX_IDS))
 def test_tree_mask_matches_torch_and_properties(beams):
     _, par, _, _, nn = ref.build_trie(beams)
     B, N = par.shape

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from cases import assert_same, beam_inputs, gen, greedy_logits, kv_inputs
+from cases import assert_same, beam_inputs, gen, greedy_logits, kv_inputs, shared_beams, trie_beams
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -165,23 +165,6 @@ def check_trie(beams):
         assert torch.equal(ops.tree_mask(parent, n, packed), ref.tree_mask(parent, n, packed))
 
 
-@st.composite
-def shared_beams(draw, max_w=12, max_l=8):
-    B = draw(st.integers(1, 4))
-    W = draw(st.integers(1, max_w))
-    L = draw(st.integers(1, max_l))
-    alphabet = draw(st.integers(1, 4))  # tokens 0..alphabet-1: heavy prefix sharing
-    seed = draw(st.integers(0, 2**31 - 1))
-    beams = torch.randint(0, alphabet, (B, W, L), generator=gen(seed))
-    if draw(st.booleans()):  # copy whole prefixes from earlier beams as beam search does
-        for b, w in itertools.product(range(B), range(1, W)):
-            k = draw(st.integers(0, L))
-            v = draw(st.integers(0, w - 1))
-            beams[b, w, :k] = beams[b, v, :k]
-    dtype = draw(st.sampled_from([torch.int32, torch.int64]))
-    return beams.to(dtype)
-
-
 @SETTINGS
 @given(shared_beams())
 def test_build_trie_hypothesis(beams):
@@ -190,9 +173,8 @@ def test_build_trie_hypothesis(beams):
 
 @pytest.mark.parametrize("B,W,L", list(itertools.product((1, 3, 7), (1, 2, 8, 64), (2, 5, 8))))
 def test_build_trie_sizes(B, W, L):
-    g = gen(B * 1000 + W * 10 + L)
-    check_trie(torch.randint(0, 3, (B, W, L), generator=g, dtype=torch.int32))  # shared prefixes
-    check_trie(torch.randint(0, 128256, (B, W, L), generator=g))  # almost no sharing
+    for beams in trie_beams(B, W, L):
+        check_trie(beams)
 
 
 def test_build_trie_layout():

@@ -1,4 +1,4 @@
-"""Paged KV cache (issue 8): ``kv_compact_paged`` (native CPU, reference, CUDA kernel under the
+"""Paged KV cache: ``kv_compact_paged`` (native CPU, reference, CUDA kernel under the
 emulator) and ``decode_step``/``generate`` on a paged cache, token for token equal to the
 contiguous cache."""
 

@@ -6,28 +6,14 @@ import math
 
 import pytest
 import torch
+from cases import token_beams
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from redrafter_ext import reference as ref
 
 
-def beams_strategy(max_w=6, max_l=6, alphabet=3):
-    @st.composite
-    def make(draw):
-        B = draw(st.integers(1, 3))
-        W = draw(st.integers(1, max_w))
-        L = draw(st.integers(1, max_l))
-        toks = draw(st.lists(st.integers(0, alphabet - 1), min_size=B * W * L, max_size=B * W * L))
-        beams = torch.tensor(toks, dtype=torch.int64).reshape(B, W, L)
-        beams[:, :, 0] = beams[:, :1, 0]  # every beam starts with the guaranteed token
-        return beams
-
-    return make()
-
-
 @settings(max_examples=150, deadline=None)
-@given(beams_strategy())
+@given(token_beams())
 def test_trie_properties(beams):
     B, W, L = beams.shape
     N = 1 + W * (L - 1)
@@ -68,7 +54,7 @@ def test_trie_properties(beams):
 
 
 @settings(max_examples=150, deadline=None)
-@given(beams_strategy(max_w=8, max_l=6))
+@given(token_beams(max_w=8, max_l=6))
 def test_tree_mask_properties(beams):
     _, par, _, bnode, nn = ref.build_trie(beams)
     B, N = par.shape

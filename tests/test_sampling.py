@@ -507,19 +507,16 @@ def test_native_fake_kernel_shapes():
 # ------------------------------------------------------------------------------------------------
 # decode_step / generate with sampling
 
+import test_decode  # noqa: E402
 from helpers import random_drafter, random_target  # noqa: E402
-from test_decode import NoHostSync, _forbidden  # noqa: E402
+from test_decode import BACKENDS, NoHostSync, _forbidden  # noqa: E402
 
 import redrafter_ext as rx  # noqa: E402
 from redrafter_ext.decode import SamplingParams, _start  # noqa: E402
 
-BACKENDS = {"native": ops, "reference": ref}
-PROMPTS = [[5, 17, 3, 9, 22, 41, 8], [60, 2], [11, 12, 13, 14]]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return random_target(vocab=97, hidden=64, layers=2, seed=0)
+# the decode tests' prompts and target (a fixture: test functions take it by name)
+PROMPTS = test_decode.PROMPTS_3
+target = test_decode.target
 
 
 @pytest.fixture(scope="module")

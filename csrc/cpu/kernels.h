@@ -8,8 +8,8 @@ namespace redrafter::cpu {
 // Ancestor-or-self mask of a trie. node_parent [B, N] (-1: root/padding, parent < child),
 // num_nodes [B]. Bool layout: mask [B, N, N]. Packed: words [B, N, ceil(N/32)], LSB first.
 template <typename I>
-void tree_mask(const I* node_parent, const I* num_nodes, int64_t N, bool* mask, int64_t row_begin,
-               int64_t row_end);
+void tree_mask_bool(const I* node_parent, const I* num_nodes, int64_t N, bool* mask, int64_t row_begin,
+                    int64_t row_end);
 template <typename I>
 void tree_mask_packed(const I* node_parent, const I* num_nodes, int64_t N, int32_t* words,
                       int64_t row_begin, int64_t row_end);
@@ -56,6 +56,26 @@ void verify_sample(const T* logits, int64_t n_logit_rows, int64_t V, const I* be
                    int64_t L, const float* accept_u, const float* sample_u, double temperature, int64_t top_k,
                    double top_p, int32_t* accept_len, int32_t* best_beam, int32_t* path_nodes, int32_t* next_token,
                    int64_t row_begin, int64_t row_end);
+
+// The kv_compact row rule, one definition for the C++ hosts (the torch CPU launchers raise on a
+// violation, the MLX CPU primitive leaves the row untouched): accept_len a in [-1, L-1], cache_len
+// c in [0, S], and at every accepted position i <= a, path[i] >= i and c + path[i] < S (path: the
+// row's path_nodes). Returns the first violation (kind kNone when the row is valid).
+struct KvRowFault {
+  enum Kind { kNone, kAcceptLen, kCacheLen, kPathBefore, kPathPast } kind = kNone;
+  int64_t i = 0, p = 0;  // the position and its path node, for the path faults
+};
+template <typename I>
+inline KvRowFault kv_row_fault(int64_t a, int64_t c, const I* path, int64_t L, int64_t S) {
+  if (a < -1 || a > L - 1) return {KvRowFault::kAcceptLen};
+  if (c < 0 || c > S) return {KvRowFault::kCacheLen};
+  for (int64_t i = 0; i <= a; ++i) {
+    const int64_t p = static_cast<int64_t>(path[i]);
+    if (p < i) return {KvRowFault::kPathBefore, i, p};
+    if (c + p >= S) return {KvRowFault::kPathPast, i, p};
+  }
+  return {};
+}
 
 // KV compaction in place on kv [n_layers*2, B, H, S, slot_bytes] (bytes): units
 // u = (layer*2 + k)*B*H + b*H + h in [unit_begin, unit_end). Inputs validated: accept_len in

@@ -7,8 +7,8 @@ namespace redrafter::cpu {
 // Nodes are topologically ordered (parent < child), so row i is row parent(i) plus bit i: one
 // pass, O(N^2) bytes or O(N^2/32) words per trie, no recursion and no allocation.
 template <typename I>
-void tree_mask(const I* node_parent, const I* num_nodes, int64_t N, bool* mask, int64_t row_begin,
-               int64_t row_end) {
+void tree_mask_bool(const I* node_parent, const I* num_nodes, int64_t N, bool* mask, int64_t row_begin,
+                    int64_t row_end) {
   for (int64_t b = row_begin; b < row_end; ++b) {
     const I* parent = node_parent + b * N;
     bool* m = mask + b * N * N;
@@ -48,8 +48,8 @@ void tree_mask_packed(const I* node_parent, const I* num_nodes, int64_t N, int32
   }
 }
 
-template void tree_mask<int32_t>(const int32_t*, const int32_t*, int64_t, bool*, int64_t, int64_t);
-template void tree_mask<int64_t>(const int64_t*, const int64_t*, int64_t, bool*, int64_t, int64_t);
+template void tree_mask_bool<int32_t>(const int32_t*, const int32_t*, int64_t, bool*, int64_t, int64_t);
+template void tree_mask_bool<int64_t>(const int64_t*, const int64_t*, int64_t, bool*, int64_t, int64_t);
 template void tree_mask_packed<int32_t>(const int32_t*, const int32_t*, int64_t, int32_t*, int64_t,
                                         int64_t);
 template void tree_mask_packed<int64_t>(const int64_t*, const int64_t*, int64_t, int32_t*, int64_t,

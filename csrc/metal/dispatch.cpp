@@ -187,7 +187,7 @@ namespace {
 
 VerifyParams verify_params(const Arrays& in, float temperature, int top_k, float top_p) {
   VerifyParams p;
-  p.n_rows = checked_int(in[0].shape(1), "verify: logits rows");
+  p.n_logit_rows = checked_int(in[0].shape(1), "verify: logits rows");
   p.V = checked_int(in[0].shape(2), "verify: V");
   p.W = checked_int(in[1].shape(1), "verify: W");
   p.L = checked_int(in[1].shape(2), "verify: L");
@@ -259,13 +259,13 @@ void kv_compact(const Arrays& in, Arrays& out, mx::Stream s) {
   {
     Launch l(s, "kv_compact_" + std::to_string(vec));
     // cache_len is only read here, but bound as an output so that MLX's encoder (concurrent
-    // dispatch, barriers only before reads of earlier outputs) puts a barrier before kv_advance
+    // dispatch, barriers only before reads of earlier outputs) puts a barrier before kv_compact_advance
     // writes it: no write-after-read race
     l.out(out[0], 0).out(out[1], 1).in(path_nodes, 2).in(accept_len, 3).bytes(p, 4);
     const int64_t total = int64_t(p.units) * p.vecs;
     l.run(static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(65535, (total + 255) / 256))), 256);
   }
-  Launch l(s, "kv_advance");
+  Launch l(s, "kv_compact_advance");
   l.out(out[1], 0).in(path_nodes, 1).in(accept_len, 2).bytes(p, 3);
   l.run(static_cast<size_t>((B + 255) / 256), 256);
 }

@@ -9,7 +9,7 @@
 //     buffer(1) cache_len [B] int32   buffer(2) path_nodes [B, L] int32   buffer(3) accept_len [B] int32
 //     buffer(4) KvCompactParams {units, B, H, S, vecs, L}
 //     Grid: min(ceil(units * vecs / 256), 65535) threadgroups of 256 threads (grid-stride loop).
-//   kv_advance   buffer(0) cache_len [B] int32 (in/out)   buffer(1) path_nodes   buffer(2) accept_len
+//   kv_compact_advance   buffer(0) cache_len [B] int32 (in/out)   buffer(1) path_nodes   buffer(2) accept_len
 //                buffer(3) KvCompactParams. Grid: ceil(B / 256) threadgroups of 256 threads.
 //                Encoded after kv_compact_<n> (which reads cache_len).
 //   kv_copy_<n>  buffer(0) src [count] units of n bytes   buffer(1) dst [count] (out)
@@ -71,7 +71,7 @@ template <typename Vec>
   }
 }
 
-[[kernel]] void kv_advance(device int* cache_len [[buffer(0)]],
+[[kernel]] void kv_compact_advance(device int* cache_len [[buffer(0)]],
                            device const int* path_nodes [[buffer(1)]],
                            device const int* accept_len [[buffer(2)]],
                            constant KvCompactParams& p [[buffer(3)]],

@@ -21,7 +21,7 @@ struct BeamTopkParams {
 };
 
 struct VerifyParams {
-  int n_rows;  // logits rows per batch row (>= N)
+  int n_logit_rows;  // logits rows per batch row (>= N)
   int V, W, L;
   float inv_temperature;  // verify_sample only: 1 / temperature (temperature > 0)
   int top_k;              // verify_sample only: 0 = off

@@ -1,16 +1,16 @@
 // verify_greedy: the longest beam whose draft tokens equal the target's argmax (ties: lowest beam).
 //
 // Kernel verify_greedy_<dtype> (dtype float32 / float16 / bfloat16; one threadgroup per batch row):
-//   buffer(0) logits [B, n_rows, V] (dtype)   buffer(1) beams [B, W, L] int32
+//   buffer(0) logits [B, n_logit_rows, V] (dtype)   buffer(1) beams [B, W, L] int32
 //   buffer(2) beam_node [B, W, L] int32
 //   buffer(3) accept_len [B] int32 (out)      buffer(4) best_beam [B] int32 (out)
 //   buffer(5) path_nodes [B, L] int32 (out)   buffer(6) next_token [B] int32 (out)
-//   buffer(7) VerifyParams {n_rows, V, W, L, ...} (sampling fields unused)
+//   buffer(7) VerifyParams {n_logit_rows, V, W, L, ...} (sampling fields unused)
 // Grid: B threadgroups; threadgroup: 32 * min(W, 32) threads (one simdgroup per beam; simdgroups
 // take beams w, w + n_simdgroups, ...; any multiple of 32 up to 1024 is correct).
 // A simdgroup walks its beam from the root: argmax over V at the node (lanes stride over V, then
 // a shuffle reduction; first maximum on ties, a NaN is the maximum like torch.argmax), one level
-// deeper while the draft token equals it. A beam_node outside [0, n_rows) counts as a node whose
+// deeper while the draft token equals it. A beam_node outside [0, n_logit_rows) counts as a node whose
 // argmax is -1 (acceptance stops there; next_token can be -1). Each simdgroup keeps its best beam;
 // simdgroup 0 reduces them in threadgroup memory and writes the outputs.
 #include "common.h"
@@ -47,8 +47,8 @@ int simd_argmax(device const T* row, int V, uint lane) {
 // The argmax at `node` of batch row b, -1 when the node is out of range.
 template <typename T>
 int node_argmax(device const T* logits, long b, constant VerifyParams& p, long node, uint lane) {
-  if (node < 0 || node >= p.n_rows) return -1;
-  return simd_argmax(logits + (b * p.n_rows + node) * long(p.V), p.V, lane);
+  if (node < 0 || node >= p.n_logit_rows) return -1;
+  return simd_argmax(logits + (b * p.n_logit_rows + node) * long(p.V), p.V, lane);
 }
 
 template <typename T>

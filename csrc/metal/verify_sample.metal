@@ -2,13 +2,13 @@
 // float32 (MSL has no double).
 //
 // Kernel verify_sample_<dtype> (dtype float32 / float16 / bfloat16; one threadgroup per batch row):
-//   buffer(0) logits [B, n_rows, V] (dtype)   buffer(1) beams [B, W, L] int32
+//   buffer(0) logits [B, n_logit_rows, V] (dtype)   buffer(1) beams [B, W, L] int32
 //   buffer(2) beam_node [B, W, L] int32       buffer(3) accept_u [B, L-1, W] float32
 //   buffer(4) sample_u [B] float32
 //   buffer(5) accept_len [B] int32 (out)      buffer(6) best_beam [B] int32 (out)
 //   buffer(7) path_nodes [B, L] int32 (out)   buffer(8) next_token [B] int32 (out)
 //   buffer(9) probs [B, V] float32 (workspace: the current node's remaining distribution)
-//   buffer(10) VerifyParams {n_rows, V, W, L, inv_temperature, top_k, top_p}
+//   buffer(10) VerifyParams {n_logit_rows, V, W, L, inv_temperature, top_k, top_p}
 // Grid: B threadgroups; threadgroup: min(1024, max(32, V / 8 rounded up to 32)) threads (any
 // multiple of 32 up to 1024 is correct). temperature == 0 is verify_greedy: the host dispatches
 // verify_greedy_<dtype> instead.
@@ -27,7 +27,7 @@
 // group reduction. The integer outputs equal the reference's unless a uniform lands within the
 // float32 rounding of a decision threshold (~1e-6 of the mass); tests compare on uniforms whose
 // decisions do not change when moved by 3e-6. NaN logits propagate as in the reference (tested:
-// a NaN or an all -inf row rejects every child and draws token 0). A node id outside [0, n_rows)
+// a NaN or an all -inf row rejects every child and draws token 0). A node id outside [0, n_logit_rows)
 // stops the walk there with next_token -1; a draft token outside [0, V) is rejected.
 #include "common.h"
 
@@ -204,15 +204,15 @@ template <typename T>
   threadgroup uint uscratch[32];
   threadgroup atomic_uint hist[256];
   threadgroup uint digit[2];
-  const long W = p.W, L = p.L, V = p.V, R = p.n_rows;
+  const long W = p.W, L = p.L, V = p.V, n_logit_rows = p.n_logit_rows;
   device const int* tok = beams + long(b) * W * L;
   device const int* bn = beam_node + long(b) * W * L;
   device float* q = probs + long(b) * V;
-  device const T* rows = logits + long(b) * R * V;
+  device const T* rows = logits + long(b) * n_logit_rows * V;
 
   long cur = bn[0];
   long a = 0;
-  bool valid = cur >= 0 && cur < R;  // uniform: every thread reads the same values
+  bool valid = cur >= 0 && cur < n_logit_rows;  // uniform: every thread reads the same values
   if (valid) node_probs(rows + cur * V, q, p, fscratch, iscratch, uscratch, hist, digit, tid, nthreads);
   for (long d = 0; valid && d + 1 < L; ++d) {
     long child = -1;
@@ -241,7 +241,7 @@ template <typename T>
     if (child < 0) break;  // every child rejected: sample from the residual
     cur = child;
     ++a;
-    valid = cur >= 0 && cur < R;
+    valid = cur >= 0 && cur < n_logit_rows;
     if (valid) node_probs(rows + cur * V, q, p, fscratch, iscratch, uscratch, hist, digit, tid, nthreads);
   }
   const int next = valid ? inverse_cdf(q, V, sample_u[b], fscratch, iscratch, uscratch, tid, nthreads) : -1;

@@ -278,7 +278,7 @@ void TreeMask::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>
         if (packed) {
           cpu::tree_mask_packed<int32_t>(parent.data(), count.data(), N, reinterpret_cast<int32_t*>(o), 0, B);
         } else {
-          cpu::tree_mask<int32_t>(parent.data(), count.data(), N, reinterpret_cast<bool*>(o), 0, B);
+          cpu::tree_mask_bool<int32_t>(parent.data(), count.data(), N, reinterpret_cast<bool*>(o), 0, B);
         }
       });
 }
@@ -316,10 +316,10 @@ void check_verify(const char* op, const mx::array& logits, const mx::array& beam
   }
 }
 
-// beam_node values index rows of logits: clamped into [0, n_rows)
-std::vector<int32_t> clamped_nodes(const int32_t* bn, int64_t n, int64_t n_rows) {
+// beam_node values index rows of logits: clamped into [0, n_logit_rows)
+std::vector<int32_t> clamped_nodes(const int32_t* bn, int64_t n, int64_t n_logit_rows) {
   std::vector<int32_t> out(n);
-  for (int64_t k = 0; k < n; ++k) out[k] = clamp_index(bn[k], static_cast<int32_t>(n_rows));
+  for (int64_t k = 0; k < n; ++k) out[k] = clamp_index(bn[k], static_cast<int32_t>(n_logit_rows));
   return out;
 }
 
@@ -335,9 +335,9 @@ std::vector<mx::array> verify_outputs(const mx::array& beams, std::shared_ptr<mx
                                 std::move(prim), std::move(inputs));
 }
 
-// Sizes of a verify op's evaluation inputs: logits (B, NL, V), beams (B, W, L).
+// Sizes of a verify op's evaluation inputs: logits (B, n_logit_rows, V), beams (B, W, L).
 struct VerifySizes {
-  int64_t B, W, L, NL, V;
+  int64_t B, W, L, n_logit_rows, V;
 };
 
 VerifySizes verify_sizes(const std::vector<mx::array>& in) {
@@ -360,17 +360,18 @@ std::vector<mx::Shape> VerifyGreedy::output_shapes(const std::vector<mx::array>&
 
 void VerifyGreedy::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) {
   for (auto& o : out) alloc(o);
-  const auto [B, W, L, NL, V] = verify_sizes(in);
+  const auto [B, W, L, n_logit_rows, V] = verify_sizes(in);
   auto& enc = encoder_for(stream(), in, out);
   dispatch_float(in[0].dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     enc.dispatch([x = ptr<T>(in[0]), bm = ptr<int32_t>(in[1]), bn_in = ptr<int32_t>(in[2]),
                   acc = ptr<int32_t>(out[0]), best = ptr<int32_t>(out[1]), path = ptr<int32_t>(out[2]),
-                  next = ptr<int32_t>(out[3]), B, W, L, NL, V]() {
+                  next = ptr<int32_t>(out[3]), B, W, L, n_logit_rows, V]() {
       // draft tokens are only compared with argmaxes; node ids index logits rows
-      const std::vector<int32_t> bn = clamped_nodes(bn_in, B * W * L, NL);
-      std::vector<int32_t> target(B * NL);  // per-node argmax cache
-      cpu::verify_greedy<T, int32_t>(x, NL, V, bm, bn.data(), W, L, target.data(), acc, best, path, next, 0, B);
+      const std::vector<int32_t> bn = clamped_nodes(bn_in, B * W * L, n_logit_rows);
+      std::vector<int32_t> argmax(B * n_logit_rows);  // per-node argmax cache
+      cpu::verify_greedy<T, int32_t>(x, n_logit_rows, V, bm, bn.data(), W, L, argmax.data(), acc, best, path, next, 0,
+                                     B);
     });
   });
 }
@@ -416,23 +417,23 @@ std::vector<mx::Shape> VerifySample::output_shapes(const std::vector<mx::array>&
 
 void VerifySample::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) {
   for (auto& o : out) alloc(o);
-  const auto [B, W, L, NL, V] = verify_sizes(in);
+  const auto [B, W, L, n_logit_rows, V] = verify_sizes(in);
   auto& enc = encoder_for(stream(), in, out);
   dispatch_float(in[0].dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     enc.dispatch([x = ptr<T>(in[0]), bm_in = ptr<int32_t>(in[1]), bn_in = ptr<int32_t>(in[2]),
                   au = ptr<float>(in[3]), su = ptr<float>(in[4]), acc = ptr<int32_t>(out[0]),
-                  best = ptr<int32_t>(out[1]), path = ptr<int32_t>(out[2]), next = ptr<int32_t>(out[3]), B, W, L, NL,
-                  V, temperature = temperature_, top_k = int64_t{top_k_}, top_p = top_p_]() {
+                  best = ptr<int32_t>(out[1]), path = ptr<int32_t>(out[2]), next = ptr<int32_t>(out[3]), B, W, L,
+                  n_logit_rows, V, temperature = temperature_, top_k = int64_t{top_k_}, top_p = top_p_]() {
       // node ids index logits rows and draft tokens index the probabilities: both clamped.
       // Uniforms outside [0, 1) cannot index anything (they only make a decision or a draw odd).
-      const std::vector<int32_t> bn = clamped_nodes(bn_in, B * W * L, NL);
+      const std::vector<int32_t> bn = clamped_nodes(bn_in, B * W * L, n_logit_rows);
       std::vector<int32_t> bm(bm_in, bm_in + B * W * L);
       for (int64_t k = 0; k < B * W * L; ++k) {
         if (k % L != 0) bm[k] = clamp_index(bm[k], static_cast<int32_t>(V));
       }
-      cpu::verify_sample<T, int32_t>(x, NL, V, bm.data(), bn.data(), W, L, au, su, temperature, top_k, top_p, acc,
-                                     best, path, next, 0, B);
+      cpu::verify_sample<T, int32_t>(x, n_logit_rows, V, bm.data(), bn.data(), W, L, au, su, temperature, top_k, top_p,
+                                     acc, best, path, next, 0, B);
     });
   });
 }
@@ -527,13 +528,8 @@ void KvCompact::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array
         // as an inactive row: the kernel then neither copies nor advances it.
         std::vector<int32_t> acc(B);
         for (int64_t b = 0; b < B; ++b) {
-          const int64_t a = acc_in[b], c = len_out[b];
-          bool ok = a >= -1 && a <= L - 1 && c >= 0 && c <= S;
-          for (int64_t i = 0; ok && i <= a; ++i) {
-            const int64_t p = path[b * L + i];
-            ok = p >= i && c + p < S;
-          }
-          acc[b] = ok ? static_cast<int32_t>(a) : -1;
+          const bool ok = cpu::kv_row_fault(acc_in[b], len_out[b], path + b * L, L, S).kind == cpu::KvRowFault::kNone;
+          acc[b] = ok ? acc_in[b] : -1;
         }
         if (units > 0 && slot_bytes > 0) {
           cpu::kv_compact<int32_t>(kv_out, B, H, S, slot_bytes, len_out, path, L, acc.data(), 0, units);

@@ -30,13 +30,8 @@ void check_beam_topk_inputs(const at::Tensor& logits, const at::Tensor& scores, 
   constexpr const char* op = "beam_topk";
   check_dim(op, "logits", logits, 3, "B, W, V");
   check_float_dtype(op, "logits", logits);
-  check_dim(op, "scores", scores, 2, "B, W");
-  TORCH_CHECK_TYPE(scores.scalar_type() == at::kFloat, op, ": scores must have dtype float32, got ",
-                   scores.scalar_type());
-  check_same_device(op, "scores", scores, logits);
-  check_dim(op, "tokens", tokens, 3, "B, W, L");
-  check_index_dtype(op, "tokens", tokens);
-  check_same_device(op, "tokens", tokens, logits);
+  check_exact(op, "scores", scores, 2, "B, W", at::kFloat, logits);
+  check_index(op, "tokens", tokens, 3, "B, W, L", logits);
   check_dim(op, "state", state, 3, "B, W, D");
   check_float_dtype(op, "state", state);
   check_same_device(op, "state", state, logits);
@@ -68,12 +63,8 @@ void check_verify_greedy_inputs(const at::Tensor& logits, const at::Tensor& beam
   constexpr const char* op = "verify_greedy";
   check_dim(op, "logits", logits, 3, "B, N, V");
   check_float_dtype(op, "logits", logits);
-  check_dim(op, "beams", beams, 3, "B, W, L");
-  check_index_dtype(op, "beams", beams);
-  check_same_device(op, "beams", beams, logits);
-  check_dim(op, "beam_node", beam_node, 3, "B, W, L");
-  check_index_dtype(op, "beam_node", beam_node);
-  check_same_device(op, "beam_node", beam_node, logits);
+  check_index(op, "beams", beams, 3, "B, W, L", logits);
+  check_index(op, "beam_node", beam_node, 3, "B, W, L", logits);
   const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
   TORCH_CHECK_VALUE(W >= 1 && L >= 1, op, ": beams must have W >= 1 and L >= 1, got shape ", beams.sizes());
   TORCH_CHECK_VALUE(logits.size(0) == B, op, ": logits has batch ", logits.size(0), " but beams has batch ", B);
@@ -91,14 +82,8 @@ void check_verify_sample_inputs(const at::Tensor& logits, const at::Tensor& beam
   constexpr const char* op = "verify_sample";
   check_verify_greedy_inputs(logits, beams, beam_node);
   const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
-  check_dim(op, "accept_u", accept_u, 3, "B, L-1, W");
-  TORCH_CHECK_TYPE(accept_u.scalar_type() == at::kFloat, op, ": accept_u must have dtype float32, got ",
-                   accept_u.scalar_type());
-  check_same_device(op, "accept_u", accept_u, logits);
-  check_dim(op, "sample_u", sample_u, 1, "B");
-  TORCH_CHECK_TYPE(sample_u.scalar_type() == at::kFloat, op, ": sample_u must have dtype float32, got ",
-                   sample_u.scalar_type());
-  check_same_device(op, "sample_u", sample_u, logits);
+  check_exact(op, "accept_u", accept_u, 3, "B, L-1, W", at::kFloat, logits);
+  check_exact(op, "sample_u", sample_u, 1, "B", at::kFloat, logits);
   TORCH_CHECK_VALUE(accept_u.size(0) == B && accept_u.size(1) == L - 1 && accept_u.size(2) == W, op,
                     ": accept_u must have shape (B, L-1, W) = (", B, ", ", L - 1, ", ", W, "), got ",
                     accept_u.sizes());
@@ -116,16 +101,9 @@ namespace {
 // compared with the cache tensor kv)...
 void check_kv_index_inputs(const char* op, const at::Tensor& kv, const at::Tensor& cache_len,
                            const at::Tensor& path_nodes, const at::Tensor& accept_len) {
-  check_dim(op, "cache_len", cache_len, 1, "B");
-  TORCH_CHECK_TYPE(cache_len.scalar_type() == at::kInt, op, ": cache_len must have dtype int32, got ",
-                   cache_len.scalar_type());
-  check_same_device(op, "cache_len", cache_len, kv);
-  check_dim(op, "path_nodes", path_nodes, 2, "B, L");
-  check_index_dtype(op, "path_nodes", path_nodes);
-  check_same_device(op, "path_nodes", path_nodes, kv);
-  check_dim(op, "accept_len", accept_len, 1, "B");
-  check_index_dtype(op, "accept_len", accept_len);
-  check_same_device(op, "accept_len", accept_len, kv);
+  check_exact(op, "cache_len", cache_len, 1, "B", at::kInt, kv);
+  check_index(op, "path_nodes", path_nodes, 2, "B, L", kv);
+  check_index(op, "accept_len", accept_len, 1, "B", kv);
 }
 
 // ... and their shapes against the batch B and the row capacity S (s_note says what S is).
@@ -163,10 +141,7 @@ void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor&
   constexpr const char* op = "kv_compact_paged";
   check_dim(op, "kv_pages", kv_pages, 6, "n_layers, num_blocks, 2, H_kv, block_size, D");
   check_float_dtype(op, "kv_pages", kv_pages);
-  check_dim(op, "block_table", block_table, 2, "B, max_blocks");
-  TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt, op, ": block_table must have dtype int32, got ",
-                   block_table.scalar_type());
-  check_same_device(op, "block_table", block_table, kv_pages);
+  check_exact(op, "block_table", block_table, 2, "B, max_blocks", at::kInt, kv_pages);
   check_kv_index_inputs(op, kv_pages, cache_len, path_nodes, accept_len);
   TORCH_CHECK_VALUE(kv_pages.size(2) == 2, op, ": kv_pages dim 2 must be 2 (K and V), got shape ", kv_pages.sizes());
   TORCH_CHECK_VALUE(kv_pages.size(1) >= 1 && kv_pages.size(4) >= 1, op,
@@ -181,10 +156,32 @@ void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor&
 // ---------------------------------------------------------------------------------------------
 // Input preparation
 
-BeamTopkInputs prepare_beam_topk(const at::Tensor& logits_in, const at::Tensor& scores_in,
-                                 const at::Tensor& tokens_in, const at::Tensor& state_in) {
-  return {logits_in.contiguous(), scores_in.contiguous(), tokens_in.contiguous(), state_in.contiguous(),
-          logits_in.size(0), logits_in.size(1), logits_in.size(2), tokens_in.size(2), state_in.size(2)};
+BeamTopkArgs prepare_beam_topk(const at::Tensor& logits_in, const at::Tensor& scores_in, const at::Tensor& tokens_in,
+                               const at::Tensor& state_in) {
+  BeamTopkArgs a{logits_in.contiguous(), scores_in.contiguous(), tokens_in.contiguous(), state_in.contiguous(),
+                 logits_in.size(0), logits_in.size(1), logits_in.size(2), tokens_in.size(2), state_in.size(2)};
+  const auto i32 = a.logits.options().dtype(at::kInt);
+  a.scores_out = at::empty({a.B, a.W}, a.logits.options().dtype(at::kFloat));
+  a.tokens_out = at::empty({a.B, a.W, a.L}, i32);
+  a.state_out = at::empty({a.B, a.W, a.D}, a.state.options());
+  a.parent_out = at::empty({a.B, a.W}, i32);
+  return a;
+}
+
+BuildTrieArgs prepare_build_trie(const at::Tensor& beams_in) {
+  BuildTrieArgs a;
+  a.beams = beams_in.contiguous();
+  a.B = beams_in.size(0);
+  a.W = beams_in.size(1);
+  a.L = beams_in.size(2);
+  a.N = 1 + a.W * (a.L - 1);
+  const auto i32 = a.beams.options().dtype(at::kInt);
+  a.node_token = at::empty({a.B, a.N}, i32);
+  a.node_parent = at::empty({a.B, a.N}, i32);
+  a.node_depth = at::empty({a.B, a.N}, i32);
+  a.beam_node = at::empty({a.B, a.W, a.L}, i32);
+  a.num_nodes = at::empty({a.B}, i32);
+  return a;
 }
 
 VerifyArgs prepare_verify(const at::Tensor& logits_in, const at::Tensor& beams_in, const at::Tensor& beam_node_in) {
@@ -196,7 +193,7 @@ VerifyArgs prepare_verify(const at::Tensor& logits_in, const at::Tensor& beams_i
   v.B = beams_in.size(0);
   v.W = beams_in.size(1);
   v.L = beams_in.size(2);
-  v.NL = logits_in.size(1);
+  v.n_logit_rows = logits_in.size(1);
   v.V = logits_in.size(2);
   const auto i32 = v.logits.options().dtype(at::kInt);
   v.accept_len = at::empty({v.B}, i32);

@@ -8,6 +8,8 @@
 #include <string>
 #include <tuple>
 
+#include "cpu/kernels.h"
+
 namespace redrafter {
 
 inline void check_dim(const char* op, const char* name, const at::Tensor& t, int64_t ndim,
@@ -33,6 +35,25 @@ inline void check_float_dtype(const char* op, const char* name, const at::Tensor
                    " must have dtype float32, float16 or bfloat16, got ", s);
 }
 
+// An argument of one exact dtype (float32 uniforms and scores, int32 lengths and block ids), on the
+// device of `like`, with `ndim` dims.
+inline void check_exact(const char* op, const char* name, const at::Tensor& t, int64_t ndim, const char* dims,
+                        at::ScalarType dtype, const at::Tensor& like) {
+  check_dim(op, name, t, ndim, dims);
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, op, ": ", name, " must have dtype ",
+                   dtype == at::kFloat ? "float32" : dtype == at::kInt ? "int32" : c10::toString(dtype),
+                   ", got ", t.scalar_type());
+  check_same_device(op, name, t, like);
+}
+
+// An index argument (int32 or int64) with `ndim` dims on the device of `like`.
+inline void check_index(const char* op, const char* name, const at::Tensor& t, int64_t ndim, const char* dims,
+                        const at::Tensor& like) {
+  check_dim(op, name, t, ndim, dims);
+  check_index_dtype(op, name, t);
+  check_same_device(op, name, t, like);
+}
+
 inline void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
@@ -54,6 +75,24 @@ void check_kv_compact_paged_inputs(const at::Tensor& kv_pages, const at::Tensor&
                                    const at::Tensor& cache_len, const at::Tensor& path_nodes,
                                    const at::Tensor& accept_len);
 
+// The row rule of kv_compact and kv_compact_paged (cpu::kv_row_fault) on row b, raised as a
+// ValueError naming the value (the CUDA kernels guard the same rule on the device). `s_is` says
+// what S is in messages.
+template <typename I>
+void check_kv_row(const char* op, int64_t b, int64_t c, const I* path, int64_t L, int64_t a, int64_t S,
+                  const char* s_is) {
+  using F = cpu::KvRowFault;
+  const F f = cpu::kv_row_fault(a, c, path, L, S);
+  TORCH_CHECK_VALUE(f.kind != F::kAcceptLen, op, ": accept_len[", b, "] = ", a, " must be in [-1, L-1 = ", L - 1,
+                    "] (-1: inactive row)");
+  TORCH_CHECK_VALUE(f.kind != F::kCacheLen, op, ": cache_len[", b, "] = ", c, " must be in [0, S = ", S, "] (", s_is,
+                    ")");
+  TORCH_CHECK_VALUE(f.kind != F::kPathBefore, op, ": path_nodes[", b, ", ", f.i, "] = ", f.p,
+                    " must satisfy path_nodes[b, i] >= i (an accepted node is never before its position)");
+  TORCH_CHECK_VALUE(f.kind != F::kPathPast, op, ": cache_len[", b, "] + path_nodes[", b, ", ", f.i, "] = ", c, " + ",
+                    f.p, " exceeds the row capacity S = ", S, " (", s_is, ")");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Input preparation shared by the CPU and CUDA launchers (after their checks and device guard).
 
@@ -63,23 +102,42 @@ inline at::ScalarType common_index_type(const at::Tensor& a, const at::Tensor& b
   return a.scalar_type() == at::kLong || b.scalar_type() == at::kLong ? at::kLong : at::kInt;
 }
 
-// beam_topk's inputs, contiguous, and their sizes.
-struct BeamTopkInputs {
+// The launchers' multi-output results.
+using Tensors4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Tensors5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// beam_topk's inputs, contiguous, their sizes, and the four outputs, allocated.
+struct BeamTopkArgs {
   at::Tensor logits, scores, tokens, state;
   int64_t B, W, V, L, D;
+  at::Tensor scores_out, tokens_out, state_out, parent_out;  // [B, W] f32, [B, W, L] i32, [B, W, D], [B, W] i32
+  Tensors4 outputs() const {
+    return {scores_out, tokens_out, state_out, parent_out};
+  }
 };
-BeamTopkInputs prepare_beam_topk(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
-                                 const at::Tensor& state);
+BeamTopkArgs prepare_beam_topk(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
+                               const at::Tensor& state);
+
+// build_trie: beams contiguous, sizes (N = 1 + W*(L-1)), and the five int32 outputs, allocated.
+struct BuildTrieArgs {
+  at::Tensor beams;
+  int64_t B, W, L, N;
+  at::Tensor node_token, node_parent, node_depth, beam_node, num_nodes;  // [B, N] x3, [B, W, L], [B]
+  Tensors5 outputs() const {
+    return {node_token, node_parent, node_depth, beam_node, num_nodes};
+  }
+};
+BuildTrieArgs prepare_build_trie(const at::Tensor& beams);
 
 // verify_greedy / verify_sample: logits contiguous, beams and beam_node contiguous in their common
-// index type idx, sizes (NL = logits.size(1)), and the four int32 outputs, allocated.
+// index type idx, sizes (n_logit_rows = logits.size(1)), and the four int32 outputs, allocated.
 struct VerifyArgs {
   at::Tensor logits, beams, beam_node;
   at::ScalarType idx;
-  int64_t B, W, L, NL, V;
+  int64_t B, W, L, n_logit_rows, V;
   at::Tensor accept_len, best_beam, path_nodes, next_token;  // [B], [B], [B, L], [B]
 
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs() const {
+  Tensors4 outputs() const {
     return {accept_len, best_beam, path_nodes, next_token};
   }
 };

@@ -1,4 +1,4 @@
-// Helpers of the CUDA launchers (ops_cuda.cpp, paged_cuda.cpp). They include no CUDA torch
+// Helpers of the CUDA launchers (ops_cuda.cpp). They include no CUDA torch
 // headers: the device guard and the current stream go through c10's device-generic guard interface
 // (libc10, implemented at run time by whichever CUDA torch is loaded), so the module builds against
 // a CPU torch and still runs on the caller's device and stream under a CUDA torch. That interface

@@ -9,9 +9,11 @@
 #include <limits>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "torch/checks.h"
+#include "torch/registration.h"
 
 namespace redrafter {
 
@@ -68,7 +70,7 @@ at::Tensor tree_mask_cpu(const at::Tensor& node_parent_in, const at::Tensor& num
       if (packed) {
         cpu::tree_mask_packed(parent, nn, N, out.mutable_data_ptr<int32_t>(), b0, b1);
       } else {
-        cpu::tree_mask(parent, nn, N, out.mutable_data_ptr<bool>(), b0, b1);
+        cpu::tree_mask_bool(parent, nn, N, out.mutable_data_ptr<bool>(), b0, b1);
       }
     });
   });
@@ -78,14 +80,12 @@ at::Tensor tree_mask_cpu(const at::Tensor& node_parent_in, const at::Tensor& num
 // ---------------------------------------------------------------------------------------------
 // beam_topk
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const at::Tensor& logits_in,
-                                                                         const at::Tensor& scores_in,
-                                                                         const at::Tensor& tokens_in,
-                                                                         const at::Tensor& state_in, int64_t step) {
+Tensors4 beam_topk_cpu(const at::Tensor& logits_in, const at::Tensor& scores_in, const at::Tensor& tokens_in,
+                       const at::Tensor& state_in, int64_t step) {
   check_beam_topk_inputs(logits_in, scores_in, tokens_in, state_in, step);
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "beam_topk: logits must be a CPU tensor for the CPU kernel");
-  const auto [logits, scores, tokens, state, B, W, V, L, D] =
-      prepare_beam_topk(logits_in, scores_in, tokens_in, state_in);
+  const BeamTopkArgs a = prepare_beam_topk(logits_in, scores_in, tokens_in, state_in);
+  const auto& [logits, scores, tokens, state, B, W, V, L, D, scores_out, tokens_out, state_out, parent_out] = a;
   AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "beam_topk", [&] {
     const index_t* t = tokens.const_data_ptr<index_t>();
     for (int64_t r = 0; r < B * W; ++r) {
@@ -99,10 +99,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const a
 
   const auto i32 = logits.options().dtype(at::kInt);
   const auto f32 = logits.options().dtype(at::kFloat);
-  at::Tensor scores_out = at::empty({B, W}, f32);
-  at::Tensor tokens_out = at::empty({B, W, L}, i32);
-  at::Tensor state_out = at::empty({B, W, D}, state.options());
-  at::Tensor parent_out = at::empty({B, W}, i32);
   // working space: each row's sorted candidates (+ slack), their count, merge heads
   at::Tensor cand_score = at::empty({B * W, cpu::beam_topk_stride(W)}, f32);
   at::Tensor cand_token = at::empty({B * W, cpu::beam_topk_stride(W)}, i32);
@@ -131,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_topk_cpu(const a
           heads.mutable_data_ptr<int32_t>(), b0, b1);
     });
   });
-  return {scores_out, tokens_out, state_out, parent_out};
+  return a.outputs();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -146,18 +142,11 @@ void check_token_ids(const char* op, const char* name, const I* t, int64_t B, in
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_trie_cpu(const at::Tensor& beams_in) {
+Tensors5 build_trie_cpu(const at::Tensor& beams_in) {
   check_build_trie_inputs(beams_in);
   TORCH_CHECK_VALUE(beams_in.is_cpu(), "build_trie: beams must be a CPU tensor for the CPU kernel");
-  const at::Tensor beams = beams_in.contiguous();
-  const int64_t B = beams.size(0), W = beams.size(1), L = beams.size(2);
-  const int64_t N = 1 + W * (L - 1);
-  const auto i32 = beams.options().dtype(at::kInt);
-  at::Tensor node_token = at::empty({B, N}, i32);
-  at::Tensor node_parent = at::empty({B, N}, i32);
-  at::Tensor node_depth = at::empty({B, N}, i32);
-  at::Tensor beam_node = at::empty({B, W, L}, i32);
-  at::Tensor num_nodes = at::empty({B}, i32);
+  const BuildTrieArgs a = prepare_build_trie(beams_in);
+  const auto& [beams, B, W, L, N, node_token, node_parent, node_depth, beam_node, num_nodes] = a;
   AT_DISPATCH_INDEX_TYPES(beams.scalar_type(), "build_trie", [&] {
     const index_t* x = beams.const_data_ptr<index_t>();
     check_token_ids("build_trie", "beams", x, B, W, L);
@@ -168,44 +157,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_tri
                                num_nodes.mutable_data_ptr<int32_t>(), b0, b1);
     });
   });
-  return {node_token, node_parent, node_depth, beam_node, num_nodes};
+  return a.outputs();
 }
 
 // ---------------------------------------------------------------------------------------------
 // verify_greedy
 
-// Every beam_node value must be a node of logits (dim 1, NL nodes); `also(k)` then checks more of
+// Every beam_node value must be a node of logits (dim 1, n_logit_rows nodes); `also(k)` then checks more of
 // position k, so that the first bad position (in memory order) is the one reported.
 template <typename I, typename F>
-void check_node_ids(const char* op, const I* bn, int64_t B, int64_t W, int64_t L, int64_t NL, F&& also) {
+void check_node_ids(const char* op, const I* bn, int64_t B, int64_t W, int64_t L, int64_t n_logit_rows, F&& also) {
   for (int64_t k = 0; k < B * W * L; ++k) {
     const int64_t n = static_cast<int64_t>(bn[k]);
-    TORCH_CHECK_VALUE(n >= 0 && n < NL, op, ": beam_node[", k / (W * L), ", ", (k / L) % W, ", ", k % L, "] = ", n,
-                      " is outside the ", NL, " nodes of logits (dim 1)");
+    TORCH_CHECK_VALUE(n >= 0 && n < n_logit_rows, op, ": beam_node[", k / (W * L), ", ", (k / L) % W, ", ", k % L,
+                      "] = ", n, " is outside the ", n_logit_rows, " nodes of logits (dim 1)");
     also(k);
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tensor& logits_in,
-                                                                             const at::Tensor& beams_in,
-                                                                             const at::Tensor& beam_node_in) {
+Tensors4 verify_greedy_cpu(const at::Tensor& logits_in, const at::Tensor& beams_in,
+                           const at::Tensor& beam_node_in) {
   check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);
   TORCH_CHECK_VALUE(logits_in.is_cpu(), "verify_greedy: logits must be a CPU tensor for the CPU kernel");
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
-  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
-  at::Tensor target = at::empty({B, NL}, logits.options().dtype(at::kInt));  // per-node argmax cache
+  const auto& [logits, beams, beam_node, idx, B, W, L, n_logit_rows, V, accept_len, best_beam, path_nodes,
+                next_token] = v;
+  at::Tensor argmax = at::empty({B, n_logit_rows}, logits.options().dtype(at::kInt));  // per-node argmax cache
   AT_DISPATCH_INDEX_TYPES(idx, "verify_greedy", [&] {
     const index_t* bm = beams.const_data_ptr<index_t>();
     const index_t* bn = beam_node.const_data_ptr<index_t>();
     check_token_ids("verify_greedy", "beams", bm, B, W, L);
-    check_node_ids("verify_greedy", bn, B, W, L, NL, [](int64_t) {});
+    check_node_ids("verify_greedy", bn, B, W, L, n_logit_rows, [](int64_t) {});
     dispatch_float(logits.scalar_type(), "verify_greedy", [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       // about L argmaxes of V per row
       const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * V));
       at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
-        cpu::verify_greedy<T, index_t>(logits.const_data_ptr<T>(), NL, V, bm, bn, W, L,
-                                       target.mutable_data_ptr<int32_t>(), accept_len.mutable_data_ptr<int32_t>(),
+        cpu::verify_greedy<T, index_t>(logits.const_data_ptr<T>(), n_logit_rows, V, bm, bn, W, L,
+                                       argmax.mutable_data_ptr<int32_t>(), accept_len.mutable_data_ptr<int32_t>(),
                                        best_beam.mutable_data_ptr<int32_t>(), path_nodes.mutable_data_ptr<int32_t>(),
                                        next_token.mutable_data_ptr<int32_t>(), b0, b1);
       });
@@ -217,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(con
 // ---------------------------------------------------------------------------------------------
 // verify_sample: every value (token ids, node ids, uniforms) is checked before anything is computed
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cpu(
+Tensors4 verify_sample_cpu(
     const at::Tensor& logits_in, const at::Tensor& beams_in, const at::Tensor& beam_node_in,
     const at::Tensor& accept_u_in, const at::Tensor& sample_u_in, double temperature, int64_t top_k, double top_p) {
   check_verify_sample_inputs(logits_in, beams_in, beam_node_in, accept_u_in, sample_u_in, temperature, top_k, top_p);
@@ -239,12 +228,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cpu(
   }
   if (temperature == 0.0) return verify_greedy_cpu(logits_in, beams_in, beam_node_in);  // greedy, exactly
   const VerifyArgs v = prepare_verify(logits_in, beams_in, beam_node_in);
-  const auto& [logits, beams, beam_node, idx, B, W, L, NL, V, accept_len, best_beam, path_nodes, next_token] = v;
+  const auto& [logits, beams, beam_node, idx, B, W, L, n_logit_rows, V, accept_len, best_beam, path_nodes,
+                next_token] = v;
   AT_DISPATCH_INDEX_TYPES(idx, "verify_sample", [&] {
     const index_t* bm = beams.const_data_ptr<index_t>();
     const index_t* bn = beam_node.const_data_ptr<index_t>();
     check_token_ids("verify_sample", "beams", bm, B, W, L);
-    check_node_ids("verify_sample", bn, B, W, L, NL, [&](int64_t k) {
+    check_node_ids("verify_sample", bn, B, W, L, n_logit_rows, [&](int64_t k) {
       TORCH_CHECK_VALUE(k % L == 0 || static_cast<int64_t>(bm[k]) < V, "verify_sample: beams[", k / (W * L), ", ",
                         (k / L) % W, ", ", k % L, "] = ", static_cast<int64_t>(bm[k]),
                         " is a draft token outside the vocabulary V = ", V, " (logits dim 2)");
@@ -254,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_sample_cpu(
       // about L softmaxes (and W sums) of V per row
       const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * (W + 4) * V));
       at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
-        cpu::verify_sample<T, index_t>(logits.const_data_ptr<T>(), NL, V, bm, bn, W, L,
+        cpu::verify_sample<T, index_t>(logits.const_data_ptr<T>(), n_logit_rows, V, bm, bn, W, L,
                                        accept_u.const_data_ptr<float>(), sample_u.const_data_ptr<float>(),
                                        temperature, top_k, top_p, accept_len.mutable_data_ptr<int32_t>(),
                                        best_beam.mutable_data_ptr<int32_t>(), path_nodes.mutable_data_ptr<int32_t>(),
@@ -281,19 +271,7 @@ void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at:
     const index_t* acc = accept_len.const_data_ptr<index_t>();
     const int32_t* len = lens.const_data_ptr<int32_t>();
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t a = static_cast<int64_t>(acc[b]);
-      TORCH_CHECK_VALUE(a >= -1 && a <= L - 1, "kv_compact: accept_len[", b, "] = ", a,
-                        " must be in [-1, L-1 = ", L - 1, "] (-1: inactive row)");
-      const int64_t c = len[b];
-      TORCH_CHECK_VALUE(c >= 0 && c <= S, "kv_compact: cache_len[", b, "] = ", c, " must be in [0, S = ", S,
-                        "] (kv.shape[4])");
-      for (int64_t i = 0; i <= a; ++i) {
-        const int64_t p = static_cast<int64_t>(path[b * L + i]);
-        TORCH_CHECK_VALUE(p >= i, "kv_compact: path_nodes[", b, ", ", i, "] = ", p,
-                          " must satisfy path_nodes[b, i] >= i (an accepted node is never before its position)");
-        TORCH_CHECK_VALUE(c + p < S, "kv_compact: cache_len[", b, "] + path_nodes[", b, ", ", i, "] = ", c, " + ", p,
-                          " exceeds the cache length S = ", S, " (kv.shape[4])");
-      }
+      check_kv_row("kv_compact", b, len[b], path + b * L, L, static_cast<int64_t>(acc[b]), S, "kv.shape[4]");
     }
     if (kv.numel() > 0) {
       const int64_t units = kv.size(0) * 2 * B * H;
@@ -308,15 +286,78 @@ void kv_compact_cpu(const at::Tensor& kv, const at::Tensor& cache_len, const at:
   finish_kv_compact(cache_len, args);
 }
 
+// ---------------------------------------------------------------------------------------------
+// kv_compact_paged (in place): every value, block ids included, is checked before anything is written
+
+constexpr const char* kOp = "kv_compact_paged";
+
+// check_kv_row on one row; appends (physical block, row, logical block) of every block the row
+// reads or writes to `touched`.
+template <typename I>
+void check_paged_row(int64_t b, const int32_t* table, int64_t max_blocks, int64_t block_size, int64_t num_blocks,
+                     int64_t c, const I* path, int64_t L, int64_t a,
+                     std::vector<std::tuple<int64_t, int64_t, int64_t>>& touched) {
+  auto block_of = [&](int64_t s) {
+    const int64_t j = s / block_size, p = table[j];
+    TORCH_CHECK_VALUE(p >= 0 && p < num_blocks, kOp, ": block_table[", b, ", ", j, "] = ", p,
+                      " is not a block id in [0, num_blocks = ", num_blocks, ") (slot ", s, " of row ", b,
+                      " is read or written)");
+    touched.emplace_back(p, b, j);
+  };
+  check_kv_row(kOp, b, c, path, L, a, max_blocks * block_size, "max_blocks * block_size");
+  for (int64_t i = 0; i <= a; ++i) {
+    block_of(c + i);
+    block_of(c + static_cast<int64_t>(path[i]));
+  }
+}
+
+void kv_compact_paged_cpu(const at::Tensor& kv_pages, const at::Tensor& block_table_in, const at::Tensor& cache_len,
+                          const at::Tensor& path_nodes_in, const at::Tensor& accept_len_in) {
+  check_kv_compact_paged_inputs(kv_pages, block_table_in, cache_len, path_nodes_in, accept_len_in);
+  TORCH_CHECK_VALUE(kv_pages.is_cpu(), kOp, ": kv_pages must be a CPU tensor for the CPU kernel");
+  const KvCompactArgs args = prepare_kv_compact(cache_len, path_nodes_in, accept_len_in);
+  const auto& [path_nodes, accept_len, lens, idx] = args;
+  const at::Tensor block_table = block_table_in.contiguous();
+  const int64_t n_layers = kv_pages.size(0), num_blocks = kv_pages.size(1), H = kv_pages.size(3);
+  const int64_t block_size = kv_pages.size(4), B = block_table.size(0), max_blocks = block_table.size(1);
+  const int64_t L = path_nodes.size(1);
+  const int64_t slot_bytes = kv_pages.size(5) * static_cast<int64_t>(kv_pages.element_size());
+  AT_DISPATCH_INDEX_TYPES(idx, "kv_compact_paged", [&] {
+    const index_t* path = path_nodes.const_data_ptr<index_t>();
+    const index_t* acc = accept_len.const_data_ptr<index_t>();
+    const int32_t* len = lens.const_data_ptr<int32_t>();
+    const int32_t* table = block_table.const_data_ptr<int32_t>();
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> touched;
+    for (int64_t b = 0; b < B; ++b) {
+      check_paged_row(b, table + b * max_blocks, max_blocks, block_size, num_blocks, len[b], path + b * L, L,
+                      static_cast<int64_t>(acc[b]), touched);
+    }
+    // a physical block reached from two (row, logical block) pairs would make the in-place copies
+    // order-dependent (and means two rows write one block): rejected
+    std::sort(touched.begin(), touched.end());
+    for (size_t t = 1; t < touched.size(); ++t) {
+      const auto& [p0, b0, j0] = touched[t - 1];
+      const auto& [p1, b1, j1] = touched[t];
+      TORCH_CHECK_VALUE(p0 != p1 || (b0 == b1 && j0 == j1), kOp, ": block_table[", b0, ", ", j0,
+                        "] and block_table[", b1, ", ", j1, "] are both block ", p1,
+                        ": the blocks a step reads or writes must belong to one (row, logical block) each");
+    }
+    if (kv_pages.numel() > 0) {
+      const int64_t units = n_layers * 2 * B * H;
+      const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, L * slot_bytes));
+      uint8_t* base = static_cast<uint8_t*>(kv_pages.mutable_data_ptr());
+      at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+        cpu::kv_compact_paged<index_t>(base, num_blocks, B, H, block_size, slot_bytes, table, max_blocks, len, path,
+                                       L, acc, u0, u1);
+      });
+    }
+    cpu::kv_compact_advance<index_t>(lens.mutable_data_ptr<int32_t>(), acc, B);
+  });
+  finish_kv_compact(cache_len, args);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(redrafter, CPU, m) {
-  m.impl("tree_mask", &tree_mask_cpu);
-  m.impl("beam_topk", &beam_topk_cpu);
-  m.impl("build_trie", &build_trie_cpu);
-  m.impl("verify_greedy", &verify_greedy_cpu);
-  m.impl("verify_sample", &verify_sample_cpu);
-  m.impl("kv_compact", &kv_compact_cpu);
-}
+TORCH_LIBRARY_IMPL(redrafter, CPU, m) { REDRAFTER_IMPL_ALL(m, cpu); }
 
 }  // namespace redrafter

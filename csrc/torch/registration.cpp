@@ -1,5 +1,5 @@
 // Every op schema of the `redrafter` namespace, in one greppable place. Arguments an op writes
-// are marked mutable (Tensor(a!)).
+// are marked mutable (Tensor(a!)). The kernels of each device: REDRAFTER_IMPL_ALL (registration.h).
 #include <torch/library.h>
 
 TORCH_LIBRARY(redrafter, m) {

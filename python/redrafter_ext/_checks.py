@@ -38,10 +38,6 @@ def check_tensor(
     return _TORCH.array(op, name, t, dims, dtypes, device)
 
 
-def check_shape(op: str, name: str, t: Tensor, expected: Sequence[int], dims: str) -> None:
-    _TORCH.shape(op, name, t, expected, dims)
-
-
 def check_beam_topk(logits: Tensor, scores: Tensor, tokens: Tensor, state: Tensor, step: int) -> None:
     _TORCH.beam_topk(logits, scores, tokens, state, step)
 
@@ -60,6 +56,12 @@ def check_verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> Non
 
 def check_kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor) -> None:
     _TORCH.kv_compact(kv, cache_len, path_nodes, accept_len)
+
+
+def check_kv_compact_paged(
+    kv_pages: Tensor, block_table: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor
+) -> None:
+    _TORCH.kv_compact_paged(kv_pages, block_table, cache_len, path_nodes, accept_len)
 
 
 def check_verify_sample(

@@ -10,7 +10,7 @@ import math
 import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
@@ -200,6 +200,15 @@ def run_until_done(step: Callable[[], None], progress: Callable[[], tuple[bool, 
                 break
             due = calls + steps_until_check(check_every, remaining, per_step, eos)
     return calls
+
+
+class Verified(NamedTuple):
+    """What ``verify_greedy`` / ``verify_sample`` decide (arrays of either framework), for ``_commit``."""
+
+    accept_len: Any  # (B,) int32 accepted drafts
+    best_beam: Any  # (B,) int32 the lowest beam holding the accepted path
+    path_nodes: Any  # (B, L) int32 nodes of the accepted path, -1 past accept_len
+    next_token: Any  # (B,) int32 the target's token at the last accepted node
 
 
 @dataclass

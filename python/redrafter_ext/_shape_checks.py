@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+# The six ops every backend has (the torch one adds kv_compact_paged), in pipeline order.
+OPS = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact")
+
 
 def num_nodes_max(beam_width: int, beam_length: int) -> int:
     """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce."""
@@ -200,22 +203,43 @@ class ArrayChecks:
         if not _is_real(top_p) or not 0.0 < float(top_p) <= 1.0:
             raise ValueError(f"{op}: top_p must be a float in (0, 1] (1: no top-p), got {top_p!r}")
 
-    def kv_compact(self, kv: Any, cache_len: Any, path_nodes: Any, accept_len: Any) -> None:
-        op = "kv_compact"
-        self.array(op, "kv", kv, "n_layers, 2, B, H_kv, S, D", self.float_dtypes)
-        dev = self.device_of(kv)
+    def _kv_index(self, op: str, dev: Any, B: int, S: int, s_is: str, cache_len: Any, path_nodes: Any,
+                  accept_len: Any) -> None:
+        """The arguments ``kv_compact`` and ``kv_compact_paged`` share, for B rows of S slots."""
         self.array(op, "cache_len", cache_len, "B", (self.int32,), dev)
         self.array(op, "path_nodes", path_nodes, "B, L", self.int_dtypes, dev)
         self.array(op, "accept_len", accept_len, "B", self.int_dtypes, dev)
-        _, two, B, _, S, _ = kv.shape
-        if two != 2:
-            raise ValueError(f"{op}: kv dim 1 must be 2 (K and V), got shape {tuple(kv.shape)}")
-        if self._is_contiguous is not None and not self._is_contiguous(kv):
-            raise ValueError(f"{op}: kv must be contiguous")
         self.shape(op, "cache_len", cache_len, (B,), "B")
         self.shape(op, "accept_len", accept_len, (B,), "B")
         if path_nodes.shape[0] != B:
             raise ValueError(f"{op}: path_nodes must have shape (B, L) with B={B}, got {tuple(path_nodes.shape)}")
         L = path_nodes.shape[1]
         if L < 1 or L > S:
-            raise ValueError(f"{op}: path_nodes length L={L} must be in [1, S={S}]")
+            raise ValueError(f"{op}: path_nodes length L={L} must be in [1, S={S}]{s_is}")
+
+    def _kv_cache(self, op: str, name: str, kv: Any, dims: str, two_axis: int) -> None:
+        self.array(op, name, kv, dims, self.float_dtypes)
+        if kv.shape[two_axis] != 2:
+            raise ValueError(f"{op}: {name} dim {two_axis} must be 2 (K and V), got shape {tuple(kv.shape)}")
+        if self._is_contiguous is not None and not self._is_contiguous(kv):
+            raise ValueError(f"{op}: {name} must be contiguous (it is updated in place)")
+
+    def kv_compact(self, kv: Any, cache_len: Any, path_nodes: Any, accept_len: Any) -> None:
+        op = "kv_compact"
+        self._kv_cache(op, "kv", kv, "n_layers, 2, B, H_kv, S, D", 1)
+        self._kv_index(op, self.device_of(kv), kv.shape[2], kv.shape[4], "", cache_len, path_nodes, accept_len)
+
+    def kv_compact_paged(self, kv_pages: Any, block_table: Any, cache_len: Any, path_nodes: Any,
+                         accept_len: Any) -> None:
+        op = "kv_compact_paged"
+        self._kv_cache(op, "kv_pages", kv_pages, "n_layers, num_blocks, 2, H_kv, block_size, D", 2)
+        dev = self.device_of(kv_pages)
+        self.array(op, "block_table", block_table, "B, max_blocks", (self.int32,), dev)
+        _, num_blocks, _, _, block_size, _ = kv_pages.shape
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"{op}: kv_pages must have num_blocks >= 1 and block_size >= 1, got shape {tuple(kv_pages.shape)}"
+            )
+        B, max_blocks = block_table.shape
+        self._kv_index(op, dev, B, max_blocks * block_size, " (S = max_blocks * block_size)", cache_len, path_nodes,
+                       accept_len)

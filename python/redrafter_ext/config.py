@@ -3,9 +3,11 @@ so ``redrafter_ext.mlx`` imports without torch)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
+from pathlib import Path
 
-__all__ = ["LlamaConfig", "ConfigSizes"]
+__all__ = ["LlamaConfig", "ConfigSizes", "read_checkpoint"]
 
 
 @dataclass
@@ -55,6 +57,15 @@ class LlamaConfig:
             kw["eos_token_id"] = eos[0]
         return cls(**kw)
 
+    def layer_linears(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each bias-free projection of one decoder layer, by Hugging Face
+        name relative to the layer (``self_attn.q_proj``, ``mlp.gate_proj``, ...)."""
+        H, D, inter = self.hidden_size, self.head_dim, self.intermediate_size
+        q, kv = self.num_attention_heads * D, self.num_key_value_heads * D
+        return {"self_attn.q_proj": (H, q), "self_attn.k_proj": (H, kv), "self_attn.v_proj": (H, kv),
+                "self_attn.o_proj": (q, H), "mlp.gate_proj": (H, inter), "mlp.up_proj": (H, inter),
+                "mlp.down_proj": (inter, H)}
+
     def to_hf(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
@@ -77,3 +88,16 @@ class ConfigSizes:
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
+
+
+def read_checkpoint(folder: str | Path, who: str) -> tuple[LlamaConfig, list[Path]]:
+    """The config and the ``*.safetensors`` files of a Hugging Face Llama folder (``who`` names the
+    loader in the errors); loading the tensors is the framework's part."""
+    folder = Path(folder)
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise FileNotFoundError(f"{who}: no config.json in {folder}")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{who}: no *.safetensors in {folder}")
+    return LlamaConfig.from_hf(json.loads(cfg.read_text())), files

@@ -21,7 +21,6 @@ a seed reproduces the output exactly. Temperature 0 is greedy decoding, bit for 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -31,6 +30,7 @@ from torch import Tensor
 from ._checks import FLOAT_DTYPES, check_tensor
 from ._generate_common import (
     GenerateOutput,
+    Verified,
     cache_length,
     cache_room_error,
     check_beam_shape,
@@ -43,32 +43,20 @@ from ._generate_common import (
     run_until_done,
     steps_until_check,
 )
+from ._shape_checks import num_nodes_max
 from .models import PagedKV
 from .policy import PolicyWindows, SpeculationPolicy
 from .profiling import StageTimer
-from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
-
-__all__ = [
-    "DecodeState",
-    "GenerateOutput",
-    "SamplingParams",
-    "decode_step",
-    "generate",
-    "autoregressive_generate",
-    "default_ops",
-]
+from .sampling import sample_inverse_cdf, sampling_probs
 
 
 def default_ops() -> ModuleType:
-    """The native ops module (``redrafter_ext.ops``)."""
+    """The native ops module (``redrafter_ext.ops``). No fallback: the torch extension is part of
+    every install, so a missing one is an error (the reference is opt-in, ``ops=reference``); the
+    MLX loop falls back because its extension is optional (``redrafter_ext.mlx.default_ops``)."""
     from . import ops
 
     return ops
-
-
-@contextmanager
-def _no_section(name: str):
-    yield
 
 
 @dataclass(frozen=True)
@@ -163,6 +151,19 @@ class DecodeState:
         if self.eos is None and isinstance(like, Tensor) and (self.eos_id is None or isinstance(self.eos_id, int)):
             self.eos = torch.full_like(like, -1 if self.eos_id is None else self.eos_id, dtype=torch.int32)
 
+    @property
+    def cache_slots(self) -> int:
+        """S: each row's cache length (``PagedKV.length`` on a paged cache)."""
+        return self.kv.length if isinstance(self.kv, PagedKV) else self.kv.shape[4]
+
+    def compact(self, ops: ModuleType, path_nodes: Tensor, last: Tensor) -> None:
+        """Keep path positions ``0..last[b]`` of every row's tree in the cache, either layout, and
+        advance ``cache_len`` by ``last + 1`` (``last = -1``: row untouched)."""
+        if isinstance(self.kv, PagedKV):  # the same move through the block table
+            ops.kv_compact_paged(self.kv.pages, self.kv.block_table, self.cache_len, path_nodes, last)
+        else:
+            ops.kv_compact(self.kv, self.cache_len, path_nodes, last)
+
     def check(self, target, beam_width: int, beam_length: int) -> None:
         """Metadata checks of every field (no tensor values are read), before anything is written."""
         op = "decode_step"
@@ -193,17 +194,9 @@ class DecodeState:
 
 @torch.no_grad()
 def decode_step(
-    target,
-    drafter,
-    state: DecodeState,
-    *,
-    beam_width: int,
-    beam_length: int,
-    ops: ModuleType | None = None,
-    timer: StageTimer | None = None,
-    sampling: SamplingParams | None = None,
-    uniforms: tuple[Tensor, Tensor] | None = None,
-    check_room: bool = True,
+    target, drafter, state: DecodeState, *, beam_width: int, beam_length: int, ops: ModuleType | None = None,
+    timer: StageTimer | None = None, sampling: SamplingParams | None = None,
+    uniforms: tuple[Tensor, Tensor] | None = None, check_room: bool = True,
 ) -> Tensor:
     """One ReDrafter step for every row, in place on ``state``. Never synchronises with the host.
 
@@ -241,45 +234,43 @@ def decode_step(
         _assert_cache_room(state, num_nodes_max(beam_width, beam_length))
     if isinstance(state.kv, PagedKV) and getattr(ops, "kv_compact_paged", None) is None:
         raise ValueError(f"decode_step: ops {getattr(ops, '__name__', ops)!r} has no kv_compact_paged (paged cache)")
-    if timer is not None:
-        ops = timer.wrap(ops)
-    section = timer.section if timer is not None else _no_section
-    W, L = beam_width, beam_length
     if uniforms is not None and (sampling is None or sampling.greedy):
         raise ValueError("decode_step: uniforms are only used with sampling (temperature > 0)")
+    if timer is None:
+        return _step(target, drafter, state, beam_width, beam_length, ops, sampling, uniforms)
+    # profiling hooks wrap the models and ops from outside; the step itself is the same
+    target, drafter, ops = timer.hooks(target, drafter, ops)
+    with timer.section("step"):
+        return _step(target, drafter, state, beam_width, beam_length, ops, sampling, uniforms)
+
+
+def _step(target, drafter, state: DecodeState, W: int, L: int, ops, sampling: SamplingParams | None,
+          uniforms: tuple[Tensor, Tensor] | None) -> Tensor:
+    """``decode_step`` after its checks."""
     if L == 1:  # nothing to draft: a plain decoding step, exactly autoregressive_generate's
-        with section("verify"):
-            return _ar_step(target, state, sampling, None if uniforms is None else uniforms[1])
-
+        return _ar_step(target, state, sampling, None if uniforms is None else uniforms[1])
     # 1-3: draft, merge into a trie, build the ancestor mask
-    with section("draft"):
-        beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
-    with section("trie"):
-        node_token, node_parent, node_depth, beam_node, num_nodes = ops.build_trie(beams)
-        mask = ops.tree_mask(node_parent, num_nodes)  # [B, N, N]
-
-    # 4-5: verify the whole trie in one target forward (K/V land at cache_len + node), then the
-    # greedy acceptance
-    with section("verify"):
-        positions = state.cache_len[:, None] + node_depth  # [B, N]
-        logits, hidden = target(node_token, positions, mask, state.cache_len, state.kv)
-        if sampling is None or sampling.greedy:
-            accept_len, best_beam, path_nodes, next_token = ops.verify_greedy(logits, beams, beam_node)
-        else:
-            B = beams.shape[0]
-            if uniforms is None:
-                uniforms = (sampling.rand(B, L - 1, W, device=logits.device), sampling.rand(B, device=logits.device))
-            accept_len, best_beam, path_nodes, next_token = ops.verify_sample(
-                logits, beams, beam_node, uniforms[0], uniforms[1],
-                float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
-            )
-    with section("commit"):
-        return _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section)
+    beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
+    node_token, node_parent, node_depth, beam_node, num_nodes = ops.build_trie(beams)
+    mask = ops.tree_mask(node_parent, num_nodes)  # [B, N, N]
+    # 4-5: verify the whole trie in one target forward (K/V land at cache_len + node), then accept
+    positions = state.cache_len[:, None] + node_depth  # [B, N]
+    logits, hidden = target(node_token, positions, mask, state.cache_len, state.kv)
+    if sampling is None or sampling.greedy:
+        verified = Verified(*ops.verify_greedy(logits, beams, beam_node))
+    else:
+        B = beams.shape[0]
+        if uniforms is None:
+            uniforms = (sampling.rand(B, L - 1, W, device=logits.device), sampling.rand(B, device=logits.device))
+        verified = Verified(*ops.verify_sample(logits, beams, beam_node, uniforms[0], uniforms[1],
+                                               float(sampling.temperature), int(sampling.top_k),
+                                               float(sampling.top_p)))
+    return _commit(state, beams, verified, hidden, num_nodes, ops)
 
 
 def _assert_cache_room(state: DecodeState, N: int) -> None:
     """``0 <= cache_len <= S - N`` in every row, asserted on the device (no host synchronisation)."""
-    S = state.kv.length if isinstance(state.kv, PagedKV) else state.kv.shape[4]
+    S = state.cache_slots
     ok = ((state.cache_len >= 0) & (state.cache_len <= S - N)).all()
     try:
         torch._assert_async(ok, f"decode_step: cache overflow: every row needs 0 <= cache_len <= S - N = {S} - {N}")
@@ -290,14 +281,14 @@ def _assert_cache_room(state: DecodeState, N: int) -> None:
         raise ValueError(cache_room_error("decode_step", b, c[b], N, S)) from None
 
 
-def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops, section) -> Tensor:
+def _commit(state: DecodeState, beams: Tensor, v: Verified, hidden: Tensor, num_nodes: Tensor, ops) -> Tensor:
     """Steps 6-7: compact the KV cache and write the committed tokens; updates ``state`` in place."""
     B, _, L = beams.shape
     i = torch.arange(L, device=beams.device)
-    path_tokens = torch.gather(beams, 1, best_beam[:, None, None].to(torch.int64).expand(B, 1, L))[:, 0]  # [B, L]
+    path_tokens = torch.gather(beams, 1, v.best_beam[:, None, None].to(torch.int64).expand(B, 1, L))[:, 0]  # [B, L]
 
     # commit root + accepted drafts, cut after an EOS and at max_new_tokens; -1 = inactive row
-    n_commit = accept_len + 1
+    n_commit = v.accept_len + 1
     is_eos = (path_tokens == state.eos[:, None]) & (i[None, :] < n_commit[:, None])  # eos -1: never
     first_eos = torch.where(is_eos, i[None, :], L).amin(dim=1)
     n_commit = torch.minimum(n_commit, first_eos + 1)
@@ -306,29 +297,29 @@ def _commit(state, beams, accept_len, best_beam, path_nodes, next_token, hidden,
     last = n_commit - 1  # index of the last committed path position, -1 for inactive rows
 
     # 6: keep only the committed path's K/V; cache_len += n_commit
-    with section("kv_compact"):
-        if isinstance(state.kv, PagedKV):  # paged cache: the same move through the block table
-            ops.kv_compact_paged(state.kv.pages, state.kv.block_table, state.cache_len, path_nodes, last)
-        else:
-            ops.kv_compact(state.kv, state.cache_len, path_nodes, last)
+    state.compact(ops, v.path_nodes, last)
 
     # 7: fixed-shape scatter into the output buffer; uncommitted positions go to scratch columns
     scratch = state.out.shape[1] - L + i
     dst = torch.where(i[None, :] < n_commit[:, None], state.num_out[:, None] + i[None, :], scratch[None, :])
     state.out.scatter_(1, dst.to(torch.int64), path_tokens)
-    last_node = torch.gather(path_nodes, 1, last.clamp(min=0)[:, None].to(torch.int64))  # [B, 1]
+    last_node = torch.gather(v.path_nodes, 1, last.clamp(min=0)[:, None].to(torch.int64))  # [B, 1]
     new_hidden = torch.gather(hidden, 1, last_node[:, :, None].expand(B, 1, hidden.shape[2]))[:, 0]
     active = ~state.done
     state.hidden.copy_(torch.where(active[:, None], new_hidden.to(state.hidden.dtype), state.hidden))
-    state.token.copy_(torch.where(active, next_token, state.token))
+    state.token.copy_(torch.where(active, v.next_token, state.token))
     state.steps.add_(active.to(torch.int32))
     state.nodes.add_(torch.where(active, num_nodes, 0))
     state.num_out.add_(n_commit)
-    finished = state.num_out >= state.limit
     last_token = torch.gather(path_tokens, 1, last.clamp(min=0)[:, None].to(torch.int64))[:, 0]
-    finished |= (n_commit > 0) & (last_token == state.eos)
-    state.done |= finished
+    _mark_finished(state, n_commit > 0, last_token)
     return n_commit
+
+
+def _mark_finished(state: DecodeState, committed: Tensor, last_token: Tensor) -> None:
+    """The stopping rule of every step: a row is done once it has written its limit of tokens, or
+    when the last token it just committed is its EOS (``num_out`` already counts this step)."""
+    state.done |= (state.num_out >= state.limit) | (committed & (last_token == state.eos))
 
 
 def _run_policy(target, drafter, state: DecodeState, policy: SpeculationPolicy, check_every: int,
@@ -374,8 +365,7 @@ def _ar_step(target, state: DecodeState, sampling: SamplingParams | None, sample
     nxt = (sampling or _GREEDY).sample(logits[:, 0], sample_u)
     state.token.copy_(torch.where(active, nxt, tok))
     state.hidden.copy_(torch.where(active[:, None], hidden[:, 0].to(state.hidden.dtype), state.hidden))
-    finished = (state.num_out >= state.limit) | (active & (tok == state.eos))
-    state.done |= finished
+    _mark_finished(state, active, tok)
     return a
 
 
@@ -458,23 +448,10 @@ def _run(step, state: DecodeState, per_step: int, check_every: int) -> GenerateO
 
 @torch.no_grad()
 def generate(
-    target,
-    drafter,
-    prompts: Sequence[Sequence[int]] | Tensor,
-    max_new_tokens: int,
-    *,
-    beam_width: int | str = 4,
-    beam_length: int | str = 4,
-    eos_id: int | None = None,
-    ops: ModuleType | None = None,
-    check_every: int | None = None,
-    max_len: int | None = None,
-    timer: StageTimer | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    paged_kv: PagedKV | None = None,
+    target, drafter, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *, beam_width: int | str = 4,
+    beam_length: int | str = 4, eos_id: int | None = None, ops: ModuleType | None = None,
+    check_every: int | None = None, max_len: int | None = None, timer: StageTimer | None = None,
+    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, paged_kv: PagedKV | None = None,
     policy: SpeculationPolicy | None = None,
 ) -> GenerateOutput:
     """ReDrafter generation: prefill, then ``decode_step`` until every row is done.
@@ -531,23 +508,14 @@ def generate(
 
 @torch.no_grad()
 def autoregressive_generate(
-    target,
-    prompts: Sequence[Sequence[int]] | Tensor,
-    max_new_tokens: int,
-    *,
-    eos_id: int | None = None,
-    check_every: int | None = None,
-    max_len: int | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    paged_kv: PagedKV | None = None,
+    target, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *, eos_id: int | None = None,
+    check_every: int | None = None, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0,
+    top_p: float = 1.0, seed: int = 0, paged_kv: PagedKV | None = None,
 ) -> GenerateOutput:
     """Plain decoding with the same target and cache: one token per forward.
 
     Greedy by default; ``temperature > 0`` samples each token from the target's distribution after
-    temperature, top-k and top-p (``reference.sampling_probs``), uniforms from one generator seeded
+    temperature, top-k and top-p (``sampling.sampling_probs``), uniforms from one generator seeded
     with ``seed``: the baseline ``generate`` matches in distribution. ``paged_kv`` and
     ``check_every`` as in ``generate``.
     """

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ConfigSizes, LlamaConfig
+from .config import ConfigSizes, LlamaConfig, read_checkpoint
 
 __all__ = ["LlamaConfig", "LlamaTarget", "PagedKV", "causal_tree_mask", "tree_visibility"]
 
@@ -54,27 +54,15 @@ def _rotate_half(x: Tensor) -> Tensor:
 class _Layer(nn.Module):
     def __init__(self, c: LlamaConfig) -> None:
         super().__init__()
-        H, D = c.hidden_size, c.head_dim
-        self.q_proj = nn.Linear(H, c.num_attention_heads * D, bias=False)
-        self.k_proj = nn.Linear(H, c.num_key_value_heads * D, bias=False)
-        self.v_proj = nn.Linear(H, c.num_key_value_heads * D, bias=False)
-        self.o_proj = nn.Linear(c.num_attention_heads * D, H, bias=False)
-        self.gate_proj = nn.Linear(H, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(H, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, H, bias=False)
-        self.input_layernorm = nn.Parameter(torch.ones(H))
-        self.post_attention_layernorm = nn.Parameter(torch.ones(H))
+        for name, (n_in, n_out) in c.layer_linears().items():  # flat: q_proj, ..., down_proj
+            setattr(self, name.split(".")[1], nn.Linear(n_in, n_out, bias=False))
+        self.input_layernorm = nn.Parameter(torch.ones(c.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(c.hidden_size))
 
 
 # Hugging Face parameter names of one layer, relative to model.layers.{i}.
 _HF_LAYER_NAMES = {
-    "q_proj.weight": "self_attn.q_proj.weight",
-    "k_proj.weight": "self_attn.k_proj.weight",
-    "v_proj.weight": "self_attn.v_proj.weight",
-    "o_proj.weight": "self_attn.o_proj.weight",
-    "gate_proj.weight": "mlp.gate_proj.weight",
-    "up_proj.weight": "mlp.up_proj.weight",
-    "down_proj.weight": "mlp.down_proj.weight",
+    **{f"{n.split('.')[1]}.weight": f"{n}.weight" for n in LlamaConfig().layer_linears()},
     "input_layernorm": "input_layernorm.weight",
     "post_attention_layernorm": "post_attention_layernorm.weight",
 }
@@ -376,14 +364,8 @@ class LlamaTarget(ConfigSizes, nn.Module):
         """Load a Hugging Face Llama checkpoint folder (config.json + *.safetensors), offline."""
         from safetensors.torch import load_file
 
-        folder = Path(folder)
-        cfg = folder / "config.json"
-        if not cfg.is_file():
-            raise FileNotFoundError(f"LlamaTarget.from_pretrained: no config.json in {folder}")
-        model = cls(LlamaConfig.from_hf(json.loads(cfg.read_text())))
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"LlamaTarget.from_pretrained: no *.safetensors in {folder}")
+        config, files = read_checkpoint(folder, "LlamaTarget.from_pretrained")
+        model = cls(config)
         weights: dict[str, Tensor] = {}
         for f in files:
             weights.update(load_file(str(f)))

@@ -1,8 +1,8 @@
 """Native ops (namespace ``torch.ops.redrafter``): thin wrappers with the reference's signatures.
 
-Each wrapper calls the registered C++/CUDA kernel; a fake (meta) kernel registered here gives
-output shapes to ``torch.compile`` and FakeTensor tracing without running anything. Ops without a
-native kernel yet are taken from ``reference`` *by name* in ``NATIVE_OPS``, never silently.
+Each wrapper calls the registered C++/CUDA kernel (every op has both, listed in ``NATIVE_OPS``); a
+fake (meta) kernel registered here gives output shapes to ``torch.compile`` and FakeTensor tracing
+without running anything.
 
 The native kernels read index inputs on the host to validate them (token ids, node ids, lengths)
 and raise ``ValueError``/``TypeError`` naming the argument before anything is written. Integer
@@ -19,19 +19,18 @@ from ._checks import (
     check_beam_topk,
     check_build_trie,
     check_kv_compact,
+    check_kv_compact_paged,
     check_sampling_args,
     check_tree_mask,
     check_verify_greedy,
     check_verify_sample,
 )
-from .reference import check_kv_compact_paged, num_nodes_max
+from ._shape_checks import OPS, num_nodes_max
 
-__all__ = ["tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "kv_compact_paged", "NATIVE_OPS", "CUDA_OPS"]
+# the registered ops: each has a CPU and a CUDA kernel (tests/test_build.py checks both)
+NATIVE_OPS = (*OPS, "kv_compact_paged")
 
-# which ops have a native kernel; the rest of this module re-exports the reference on purpose
-NATIVE_OPS = ("tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact", "kv_compact_paged")
-# every op has a CUDA kernel too (verify_sample's design: docs/verify_sample_cuda_notes.md)
-CUDA_OPS = NATIVE_OPS
+__all__ = [*NATIVE_OPS, "NATIVE_OPS"]
 
 
 def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:
@@ -238,19 +237,13 @@ def _verify_greedy_fake(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tup
 
 
 def verify_sample(
-    logits: Tensor,
-    beams: Tensor,
-    beam_node: Tensor,
-    accept_u: Tensor,
-    sample_u: Tensor,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    logits: Tensor, beams: Tensor, beam_node: Tensor, accept_u: Tensor, sample_u: Tensor, temperature: float,
+    top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[Tensor, ...]:
     """Exact sampling: recursive rejection over the trie (native kernels, CPU and CUDA).
 
     ``p`` is the target's distribution at a node after temperature, top-k and top-p
-    (``reference.sampling_probs``, float64). From the root, the node's distinct children are tried
+    (``sampling.sampling_probs``, float64). From the root, the node's distinct children are tried
     in beam order (a child ranks by the lowest beam through it); the j-th tried, token ``t``, is
     accepted when ``accept_u[b, depth, j] * mass < p(t)``, ``mass`` the sum of the not yet rejected
     ``p``; on rejection ``p(t) = 0``. The walk continues at an accepted child; when every child is

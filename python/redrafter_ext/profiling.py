@@ -20,8 +20,31 @@ _OP_STAGE = {"beam_topk": "beam_topk", "build_trie": "trie", "tree_mask": "trie"
              "verify_sample": "verify", "kv_compact": "kv_compact", "kv_compact_paged": "kv_compact"}
 
 
+class _Timed:
+    """``obj`` as it is, except that calling it (``method`` None) or its ``method`` is timed under ``name``."""
+
+    def __init__(self, timer: StageTimer, obj, name: str, method: str | None = None) -> None:
+        self._timer, self._obj, self._name, self._method = timer, obj, name, method
+
+    def __getattr__(self, attr: str):
+        value = getattr(self._obj, attr)
+        if attr != self._method:
+            return value
+
+        def call(*args, **kwargs):
+            with self._timer.section(self._name):
+                return value(*args, **kwargs)
+
+        return call
+
+    def __call__(self, *args, **kwargs):
+        with self._timer.section(self._name):
+            return self._obj(*args, **kwargs)
+
+
 class StageTimer:
-    """Accumulates seconds per stage. ``section(name)`` times a block; ``wrap(ops)`` times op calls."""
+    """Accumulates seconds per stage. ``section(name)`` times a block; ``wrap(ops)`` times op calls;
+    ``hooks`` wraps everything a decode step calls, so the step itself carries no timing code."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
@@ -54,18 +77,29 @@ class StageTimer:
         # an ops module may lack kv_compact_paged (decode_step asks for it only on a paged cache)
         return SimpleNamespace(**{n: timed(n, getattr(ops, n)) for n in _OP_STAGE if hasattr(ops, n)})
 
+    def hooks(self, target, drafter, ops):
+        """``(target, drafter, ops)`` whose calls record their time: the target's forward under
+        "target", the drafter's ``beam_search`` under "draft" (its beam_topk calls under their op),
+        every op under "op:<name>"."""
+        return _Timed(self, target, "target"), _Timed(self, drafter, "draft", "beam_search"), self.wrap(ops)
+
     def split(self) -> dict[str, float]:
-        """Seconds per stage of ``STAGES`` (op times moved out of the sections that contain them)."""
+        """Seconds per stage of ``STAGES``, from the sections of ``hooks`` inside each "step": the
+        drafter less its beam_topk calls, the ops by stage, the target's forward with the verify op,
+        and "commit" for the rest of the step (gathers, writes, uniforms)."""
         s = self.seconds
-        ops = {n: s.get("op:" + n, 0.0) for n in _OP_STAGE}
-        return {
-            "draft_rnn": s.get("draft", 0.0) - ops["beam_topk"],
-            "beam_topk": ops["beam_topk"],
-            "trie": s.get("trie", 0.0),
-            "verify": s.get("verify", 0.0),
-            "kv_compact": s.get("kv_compact", 0.0),
-            "commit": s.get("commit", 0.0) - s.get("kv_compact", 0.0),  # the commit section holds kv_compact
+        by_stage: dict[str, float] = defaultdict(float)
+        for name, stage in _OP_STAGE.items():
+            by_stage[stage] += s.get("op:" + name, 0.0)
+        split = {
+            "draft_rnn": s.get("draft", 0.0) - by_stage["beam_topk"],
+            "beam_topk": by_stage["beam_topk"],
+            "trie": by_stage["trie"],
+            "verify": s.get("target", 0.0) + by_stage["verify"],
+            "kv_compact": by_stage["kv_compact"],
         }
+        split["commit"] = s.get("step", 0.0) - sum(split.values())
+        return split
 
 
 def cpu_cores() -> int:

@@ -17,32 +17,18 @@ import torch
 from torch import Tensor
 
 from ._checks import (
-    FLOAT_DTYPES,
-    INT_DTYPES,
     check_beam_topk,
     check_build_trie,
     check_kv_compact,
-    check_shape,
-    check_tensor,
+    check_kv_compact_paged,
     check_tree_mask,
     check_verify_greedy,
     check_verify_sample,
 )
-from ._shape_checks import nodes_ok, num_nodes_max, parents_ok, token_ids_ok
+from ._shape_checks import OPS, nodes_ok, num_nodes_max, parents_ok, token_ids_ok
+from .sampling import sample_inverse_cdf, sampling_probs
 
-__all__ = [
-    "beam_topk",
-    "build_trie",
-    "tree_mask",
-    "verify_greedy",
-    "verify_sample",
-    "kv_compact",
-    "kv_compact_paged",
-    "check_kv_compact_paged",
-    "num_nodes_max",
-    "sampling_probs",
-    "sample_inverse_cdf",
-]
+__all__ = [*OPS, "kv_compact_paged", "check_kv_compact_paged", "num_nodes_max", "sampling_probs", "sample_inverse_cdf"]
 
 
 def beam_topk(
@@ -226,80 +212,9 @@ def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Ten
     return accept_len.to(torch.int32), best.to(torch.int32), path_nodes.to(torch.int32), next_token
 
 
-def sampling_probs(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """The sampling distribution of ``logits`` after temperature, top-k and top-p, in float64.
-
-    The exact arithmetic (shared bit for bit with the native ``verify_sample`` kernel, whose
-    decisions must equal this reference's given the same uniforms):
-
-    1. ``x = float64(logits) * (1.0 / temperature)`` (``temperature > 0``; the reciprocal is a
-       Python float, so one correctly rounded float64 multiply per logit).
-    2. top-k (``0 < top_k < V``): keep the tokens with ``x >= `` the k-th largest ``x`` (ties at
-       the boundary are all kept, as in Hugging Face's ``TopKLogitsWarper``).
-    3. ``e = exp(x - max(x))`` on kept tokens (0 elsewhere); ``p = e / Z`` with ``Z`` the sum of
-       ``e`` in index order (``cumsum(-1)[..., -1]``: a sequential float64 sum).
-    4. top-p (``top_p < 1``): sort ``p`` descending (ties: lower index first), keep the tokens whose
-       exclusive prefix mass (sequential float64 sum in that order) is ``< top_p``, i.e. the
-       smallest prefix holding at least ``top_p`` (at least one token), then renormalise by the
-       sequential index-order sum of the kept ``p``.
-
-    Args:
-        logits: ``(..., V)`` float32/float16/bfloat16.
-        temperature: ``> 0``.
-        top_k: 0 (off) or the number of tokens kept.
-        top_p: in ``(0, 1]``; 1 is off.
-
-    Returns:
-        ``(..., V)`` float64 probabilities, summing to 1 up to rounding.
-    """
-    x = logits.double() * (1.0 / float(temperature))
-    V = x.shape[-1]
-    if 0 < top_k < V:
-        thr = torch.topk(x, top_k, dim=-1).values[..., -1:]
-        x = torch.where(x >= thr, x, float("-inf"))
-    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
-    p = e / e.cumsum(dim=-1)[..., -1:]
-    if top_p < 1.0:
-        sp, order = torch.sort(p, dim=-1, descending=True, stable=True)
-        csum = sp.cumsum(dim=-1)
-        excl = torch.cat([torch.zeros_like(csum[..., :1]), csum[..., :-1]], dim=-1)
-        keep_sorted = excl < top_p
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        p = torch.where(keep, p, 0.0)
-        p = p / p.cumsum(dim=-1)[..., -1:]
-    return p
-
-
-def sample_inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
-    """Inverse-CDF sampling: the first token whose cumulative mass exceeds ``u * total``.
-
-    Args:
-        probs: ``(..., V)`` non-negative weights (float64 from ``sampling_probs``), need not sum
-            to 1 (a residual distribution is renormalised implicitly).
-        u: ``(...)`` uniforms in ``[0, 1)`` (float32).
-
-    Returns:
-        ``(...)`` int32 token ids; never a zero-weight token (rounding that would step past the
-        last positive weight is clamped to it).
-    """
-    c = probs.cumsum(dim=-1)
-    thr = u.double()[..., None] * c[..., -1:]
-    tok = (c <= thr).sum(dim=-1)
-    V = probs.shape[-1]
-    idx = torch.arange(V, device=probs.device)
-    last_pos = torch.where(probs > 0, idx, 0).amax(dim=-1)
-    return torch.minimum(tok, last_pos).to(torch.int32)
-
-
 def verify_sample(
-    logits: Tensor,
-    beams: Tensor,
-    beam_node: Tensor,
-    accept_u: Tensor,
-    sample_u: Tensor,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    logits: Tensor, beams: Tensor, beam_node: Tensor, accept_u: Tensor, sample_u: Tensor, temperature: float,
+    top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Exact sampling: recursive rejection over the trie, the sampling counterpart of ``verify_greedy``.
 
@@ -398,6 +313,21 @@ def verify_sample(
     return accept_len.to(torch.int32), best.to(torch.int32), path_nodes.to(torch.int32), next_token
 
 
+def _assert_kv_rows(op: str, acc: Tensor, base: Tensor, path: Tensor, S: int, s_is: str) -> Tensor:
+    """The row rule of both kv_compact ops (the CPU launchers' ``check_kv_row``), asserted on the
+    device: accept_len in [-1, L-1], cache_len in [0, S], and at every accepted position i
+    ``path[b, i] >= i`` and ``cache_len[b] + path[b, i] < S``. Returns the accepted positions (B, L)."""
+    L = path.shape[1]
+    i = torch.arange(L, device=path.device)
+    valid = i[None, :] <= acc[:, None]  # [B, L]; none in an inactive row, so a full cache is fine there
+    torch._assert_async(((acc >= -1) & (acc < L)).all(), f"{op}: accept_len must be in [-1, L-1]")
+    torch._assert_async(((base >= 0) & (base <= S)).all(), f"{op}: cache_len must be in [0, S] ({s_is})")
+    torch._assert_async((~valid | (path >= i[None, :])).all(), f"{op}: path_nodes must satisfy path_nodes[b, i] >= i")
+    torch._assert_async((~valid | (base[:, None] + path < S)).all(),
+                        f"{op}: cache_len + path_nodes exceeds the row capacity S ({s_is})")
+    return valid
+
+
 def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor) -> None:
     """Keep only the accepted path's K/V, in place, and advance ``cache_len``.
 
@@ -418,17 +348,7 @@ def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Te
     acc = accept_len.to(torch.int64)
     base = cache_len.to(torch.int64)
     path = path_nodes.to(torch.int64)
-    valid = i[None, :] <= acc[:, None]  # [B, L]
-    torch._assert_async(((acc >= -1) & (acc < L)).all(), "kv_compact: accept_len must be in [-1, L-1]")
-    torch._assert_async(((base >= 0) & (base <= S)).all(), "kv_compact: cache_len must be in [0, S] (kv.shape[4])")
-    torch._assert_async(
-        (~valid | (path >= i[None, :])).all(), "kv_compact: path_nodes must satisfy path_nodes[b, i] >= i"
-    )
-    # inactive rows (accept_len == -1) copy nothing, so a full cache (cache_len == S) is fine there
-    torch._assert_async(
-        ((acc < 0) | (base + torch.where(valid, path, 0).amax(dim=1) < S)).all(),
-        "kv_compact: cache_len + path_nodes exceeds the cache length S (kv.shape[4])",
-    )
+    _assert_kv_rows("kv_compact", acc, base, path, S, "kv.shape[4]")
     # rewrite a window of L distinct slots per row (shifted inside the cache near its end), so the
     # scatter has no duplicate destinations; slots outside the accepted range are rewritten as is
     start = base.clamp(max=S - L)
@@ -440,36 +360,6 @@ def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Te
     moved = torch.gather(kv, 4, src[None, None, :, None, :, None].expand(shape))
     kv.scatter_(4, slot[None, None, :, None, :, None].expand(shape), moved)
     cache_len.add_((acc + 1).to(cache_len.dtype))
-
-
-def check_kv_compact_paged(
-    kv_pages: Tensor, block_table: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor
-) -> None:
-    """Metadata checks of ``kv_compact_paged`` (no values read); the native launchers check the same."""
-    op = "kv_compact_paged"
-    check_tensor(op, "kv_pages", kv_pages, "n_layers, num_blocks, 2, H_kv, block_size, D", FLOAT_DTYPES)
-    dev = kv_pages.device
-    check_tensor(op, "block_table", block_table, "B, max_blocks", (torch.int32,), dev)
-    check_tensor(op, "cache_len", cache_len, "B", (torch.int32,), dev)
-    check_tensor(op, "path_nodes", path_nodes, "B, L", INT_DTYPES, dev)
-    check_tensor(op, "accept_len", accept_len, "B", INT_DTYPES, dev)
-    _, num_blocks, two, _, block_size, _ = kv_pages.shape
-    if two != 2:
-        raise ValueError(f"{op}: kv_pages dim 2 must be 2 (K and V), got shape {tuple(kv_pages.shape)}")
-    if num_blocks < 1 or block_size < 1:
-        raise ValueError(
-            f"{op}: kv_pages must have num_blocks >= 1 and block_size >= 1, got shape {tuple(kv_pages.shape)}"
-        )
-    if not kv_pages.is_contiguous():
-        raise ValueError(f"{op}: kv_pages must be contiguous (it is updated in place)")
-    B, max_blocks = block_table.shape
-    check_shape(op, "cache_len", cache_len, (B,), "B")
-    check_shape(op, "accept_len", accept_len, (B,), "B")
-    if path_nodes.shape[0] != B:
-        raise ValueError(f"{op}: path_nodes must have shape (B, L) with B={B}, got {tuple(path_nodes.shape)}")
-    L, S = path_nodes.shape[1], max_blocks * block_size
-    if L < 1 or L > S:
-        raise ValueError(f"{op}: path_nodes length L={L} must be in [1, S={S}] (S = max_blocks * block_size)")
 
 
 def kv_compact_paged(
@@ -507,15 +397,8 @@ def kv_compact_paged(
     base = cache_len.to(torch.int64)
     path = path_nodes.to(torch.int64)
     table = block_table.to(torch.int64)
-    valid = i[None, :] <= acc[:, None]  # [B, L]
     op = "kv_compact_paged"
-    torch._assert_async(((acc >= -1) & (acc < L)).all(), f"{op}: accept_len must be in [-1, L-1]")
-    torch._assert_async(((base >= 0) & (base <= S)).all(), f"{op}: cache_len must be in [0, S = max_blocks * block_size]")
-    torch._assert_async((~valid | (path >= i[None, :])).all(), f"{op}: path_nodes must satisfy path_nodes[b, i] >= i")
-    torch._assert_async(
-        ((acc < 0) | (base + torch.where(valid, path, 0).amax(dim=1) < S)).all(),
-        f"{op}: cache_len + path_nodes exceeds the row capacity S = max_blocks * block_size",
-    )
+    valid = _assert_kv_rows(op, acc, base, path, S, "max_blocks * block_size")
     # logical -> (logical block, physical block, offset); positions past accept_len are clamped into
     # range so that every gather is legal (their values are never used)
     src = (base[:, None] + torch.where(valid, path, 0)).clamp(0, S - 1)  # [B, L]

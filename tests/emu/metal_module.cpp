@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -40,40 +41,27 @@ PYBIND11_MODULE(redrafter_metal_emu, m) {
   });
 
   // field offsets and sizes of the parameter blocks (params.h), so that Python packs them exactly
-#define RD_FIELD(S, f) d[#f] = offsetof(S, f);
   py::dict layouts;
-  {
+  auto layout = [&](const char* name, size_t size, std::initializer_list<std::pair<const char*, size_t>> fields) {
     py::dict d;
-    RD_FIELD(TreeMaskParams, N) RD_FIELD(TreeMaskParams, words) d["__size__"] = sizeof(TreeMaskParams);
-    layouts["TreeMaskParams"] = d;
-  }
-  {
-    py::dict d;
-    RD_FIELD(BuildTrieParams, W) RD_FIELD(BuildTrieParams, L) RD_FIELD(BuildTrieParams, N)
-    d["__size__"] = sizeof(BuildTrieParams);
-    layouts["BuildTrieParams"] = d;
-  }
-  {
-    py::dict d;
-    RD_FIELD(BeamTopkParams, W) RD_FIELD(BeamTopkParams, V) RD_FIELD(BeamTopkParams, L)
-    RD_FIELD(BeamTopkParams, step) RD_FIELD(BeamTopkParams, C) RD_FIELD(BeamTopkParams, state_units)
-    d["__size__"] = sizeof(BeamTopkParams);
-    layouts["BeamTopkParams"] = d;
-  }
-  {
-    py::dict d;
-    RD_FIELD(VerifyParams, n_rows) RD_FIELD(VerifyParams, V) RD_FIELD(VerifyParams, W) RD_FIELD(VerifyParams, L)
-    RD_FIELD(VerifyParams, inv_temperature) RD_FIELD(VerifyParams, top_k) RD_FIELD(VerifyParams, top_p)
-    d["__size__"] = sizeof(VerifyParams);
-    layouts["VerifyParams"] = d;
-  }
-  {
-    py::dict d;
-    RD_FIELD(KvCompactParams, units) RD_FIELD(KvCompactParams, B) RD_FIELD(KvCompactParams, H)
-    RD_FIELD(KvCompactParams, S) RD_FIELD(KvCompactParams, vecs) RD_FIELD(KvCompactParams, L)
-    d["__size__"] = sizeof(KvCompactParams);
-    layouts["KvCompactParams"] = d;
-  }
+    for (const auto& [field, offset] : fields) d[field] = offset;
+    d["__size__"] = size;
+    layouts[name] = d;
+  };
+#define RD_FIELD(S, f) {#f, offsetof(S, f)}
+  layout("TreeMaskParams", sizeof(TreeMaskParams), {RD_FIELD(TreeMaskParams, N), RD_FIELD(TreeMaskParams, words)});
+  layout("BuildTrieParams", sizeof(BuildTrieParams),
+         {RD_FIELD(BuildTrieParams, W), RD_FIELD(BuildTrieParams, L), RD_FIELD(BuildTrieParams, N)});
+  layout("BeamTopkParams", sizeof(BeamTopkParams),
+         {RD_FIELD(BeamTopkParams, W), RD_FIELD(BeamTopkParams, V), RD_FIELD(BeamTopkParams, L),
+          RD_FIELD(BeamTopkParams, step), RD_FIELD(BeamTopkParams, C), RD_FIELD(BeamTopkParams, state_units)});
+  layout("VerifyParams", sizeof(VerifyParams),
+         {RD_FIELD(VerifyParams, n_logit_rows), RD_FIELD(VerifyParams, V), RD_FIELD(VerifyParams, W),
+          RD_FIELD(VerifyParams, L), RD_FIELD(VerifyParams, inv_temperature), RD_FIELD(VerifyParams, top_k),
+          RD_FIELD(VerifyParams, top_p)});
+  layout("KvCompactParams", sizeof(KvCompactParams),
+         {RD_FIELD(KvCompactParams, units), RD_FIELD(KvCompactParams, B), RD_FIELD(KvCompactParams, H),
+          RD_FIELD(KvCompactParams, S), RD_FIELD(KvCompactParams, vecs), RD_FIELD(KvCompactParams, L)});
 #undef RD_FIELD
   m.attr("params_layout") = layouts;
 }

@@ -68,7 +68,7 @@ def build_trie(emu, beams: torch.Tensor):
 
 def _verify_params(emu, logits, beams, temperature=0.0, top_k=0, top_p=1.0):
     B, W, L = beams.shape
-    return pack(emu, "VerifyParams", n_rows=logits.shape[1], V=logits.shape[2], W=W, L=L,
+    return pack(emu, "VerifyParams", n_logit_rows=logits.shape[1], V=logits.shape[2], W=W, L=L,
                 inv_temperature=float(1.0 / temperature) if temperature > 0 else 0.0, top_k=int(top_k),
                 top_p=float(top_p))
 
@@ -109,7 +109,7 @@ def kv_compact(emu, kv: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch
     p = pack(emu, "KvCompactParams", units=units, B=B, H=H, S=S, vecs=slot // vec, L=L)
     groups = max(1, min(65535, (units * (slot // vec) + 255) // 256))
     emu.dispatch(f"kv_compact_{vec}", [raw, cl, i32(path_nodes), i32(accept_len), p], groups, 256)
-    emu.dispatch("kv_advance", [cl, i32(path_nodes), i32(accept_len), p], max(1, (B + 255) // 256), 256)
+    emu.dispatch("kv_compact_advance", [cl, i32(path_nodes), i32(accept_len), p], max(1, (B + 255) // 256), 256)
     out = torch.from_numpy(kv_np)
     if kv.dtype in (torch.float16, torch.bfloat16):
         out = out.view(torch.int16).view(kv.dtype)
@@ -155,3 +155,15 @@ def verify_sample(emu, logits, beams, beam_node, accept_u, sample_u, temperature
                  [np_of(logits), i32(beams), i32(beam_node), np_of(accept_u.float()), np_of(sample_u.float()),
                   *outs, probs, p], B, threads_for((V + 7) // 8))
     return [torch.from_numpy(o) for o in outs]
+
+
+# The negative controls (tests/emu/metal_negative.metal) under the names both emulators' tests use.
+_NEGATIVE = {"missing_barrier": "missing_barrier", "divergent_barrier": "divergent_barrier",
+             "exit_before_barrier": "exit_before_barrier", "divergent_collective": "divergent_simd"}
+
+
+def negative(emu, which: str) -> np.ndarray:
+    """Runs a kernel with a deliberate bug (one threadgroup of 64); returns its output."""
+    out = poison(64)
+    emu.dispatch(_NEGATIVE[which], [out], 1, 64)
+    return out

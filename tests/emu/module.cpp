@@ -90,7 +90,7 @@ rc::FloatType float_type(const py::array& a, int kind16) {
 
 }  // namespace
 
-// ---- kv_compact_paged (issue 8): self-contained, called once from the module body ----------------
+// ---- kv_compact_paged: self-contained, called once from the module body ----------------
 // kv_pages: C-contiguous (n_layers, num_blocks, 2, H, block_size, D), slot = D * itemsize bytes;
 // block_table int32 (B, max_blocks).
 static void bind_kv_compact_paged(py::module_& m) {
@@ -109,7 +109,7 @@ static void bind_kv_compact_paged(py::module_& m) {
 }
 
 PYBIND11_MODULE(redrafter_emu, m) {
-  bind_kv_compact_paged(m);  // issue 8
+  bind_kv_compact_paged(m);
   m.def("set_seed", [](uint64_t seed) { redrafter_emu::set_seed(seed); });
   m.def("last_error", [] { return redrafter_emu::emu_error(); });
   // traffic counting: start (every `sample`-th block runs), run ops, stop -> (launches, region sizes)

@@ -16,7 +16,6 @@ FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 _MLX = ArrayChecks(mx.array, "an mlx.core.array", "mlx.core.", INT_DTYPES, FLOAT_DTYPES, mx.float32, mx.int32)
 
 check_array = _MLX.array
-check_shape = _MLX.shape
 check_beam_topk = _MLX.beam_topk
 check_build_trie = _MLX.build_trie
 check_tree_mask = _MLX.tree_mask

@@ -27,34 +27,14 @@ from types import ModuleType
 
 import mlx.core as mx
 
-from .._generate_common import (
-    GenerateOutput,
-    cache_length,
-    check_beam_shape,
-    check_context,
-    check_every_arg,
-    check_generate_args,
-    check_sampling,
-    check_state_sizes,
-    prompt_rows,
-    run_until_done,
-)
+from .. import _generate_common as common  # the host-side parts both backends' loops share
+from .._generate_common import GenerateOutput, Verified
+from .._shape_checks import OPS, num_nodes_max
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
-from .reference import num_nodes_max, sample_inverse_cdf, sampling_probs
-
-__all__ = [
-    "DecodeState",
-    "GenerateOutput",
-    "SamplingParams",
-    "decode_step",
-    "generate",
-    "autoregressive_generate",
-    "default_ops",
-]
+from .sampling import sample_inverse_cdf, sampling_probs
 
 log = logging.getLogger("redrafter_ext.mlx")
-OP_NAMES = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact")
 _default_ops: ModuleType | None = None
 
 
@@ -65,12 +45,7 @@ def native_ops() -> ModuleType | None:
     except (ImportError, OSError) as e:  # no module, or no loadable compiled extension behind it
         log.debug("redrafter_ext.mlx.ops unavailable: %s", e)
         return None
-    available = getattr(ops, "available", True)
-    if callable(available):
-        available = available()
-    if not available or not all(callable(getattr(ops, n, None)) for n in OP_NAMES):
-        return None
-    return ops
+    return ops if all(callable(getattr(ops, n, None)) for n in OPS) else None
 
 
 def default_ops() -> ModuleType:
@@ -96,7 +71,7 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        check_sampling(self.temperature, self.top_k, self.top_p)
+        common.check_sampling(self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:
@@ -164,7 +139,7 @@ class DecodeState:
     def check(self, target, beam_width: int, beam_length: int) -> None:
         """Metadata checks of every field (no values are read)."""
         op = "decode_step"
-        check_beam_shape(op, beam_width, beam_length)
+        common.check_beam_shape(op, beam_width, beam_length)
         check_array(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
         if self.kv.shape[1] != 2:
             raise ValueError(f"{op}: state.kv must have shape (n_layers, 2, B, H_kv, S, D), got {tuple(self.kv.shape)}")
@@ -177,20 +152,13 @@ class DecodeState:
         batches = {"state.kv": self.kv.shape[2], "state.hidden": self.hidden.shape[0], "state.out": self.out.shape[0]}
         for name in ("cache_len", "token", "num_out", "done", "steps", "nodes"):
             batches[f"state.{name}"] = getattr(self, name).shape[0]
-        check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id, beam_width,
-                          beam_length, S, self.out.shape[1])
+        common.check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id,
+                                 beam_width, beam_length, S, self.out.shape[1])
 
 
 def decode_step(
-    target,
-    drafter,
-    state: DecodeState,
-    *,
-    beam_width: int,
-    beam_length: int,
-    ops: ModuleType | None = None,
-    sampling: SamplingParams | None = None,
-    uniforms: tuple[mx.array, mx.array] | None = None,
+    target, drafter, state: DecodeState, *, beam_width: int, beam_length: int, ops: ModuleType | None = None,
+    sampling: SamplingParams | None = None, uniforms: tuple[mx.array, mx.array] | None = None,
     check_room: bool = True,
 ) -> tuple[DecodeState, mx.array]:
     """One ReDrafter step for every row. Lazy: builds the graph and never reads a value on the host.
@@ -237,23 +205,21 @@ def decode_step(
     logits, hidden, kv = target(node_token, positions, mask, state.cache_len, state.kv)
     key = state.key
     if greedy:
-        accept_len, best_beam, path_nodes, next_token = ops.verify_greedy(logits, beams, beam_node)
+        verified = Verified(*ops.verify_greedy(logits, beams, beam_node))
     else:
         if uniforms is None:
             if key is None:
                 raise ValueError("decode_step: sampling needs state.key (an mx.random.key)")
             key, k_acc, k_next = mx.random.split(key, 3)
             uniforms = (mx.random.uniform(shape=(B, L - 1, W), key=k_acc), mx.random.uniform(shape=(B,), key=k_next))
-        accept_len, best_beam, path_nodes, next_token = ops.verify_sample(
-            logits, beams, beam_node, uniforms[0], uniforms[1],
-            float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
-        )
+        verified = Verified(*ops.verify_sample(logits, beams, beam_node, uniforms[0], uniforms[1],
+                                               float(sampling.temperature), int(sampling.top_k),
+                                               float(sampling.top_p)))
     no_room = None
     if check_room:
         S = state.kv.shape[4]
         no_room = (state.cache_len < 0) | (state.cache_len > S - num_nodes_max(W, L))
-    return _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops,
-                   no_room)
+    return _commit(state, kv, key, beams, verified, hidden, num_nodes, ops, no_room)
 
 
 def _gather_rows(a: mx.array, idx: mx.array) -> mx.array:
@@ -262,8 +228,8 @@ def _gather_rows(a: mx.array, idx: mx.array) -> mx.array:
     return mx.take_along_axis(a, mx.broadcast_to(idx, (a.shape[0], 1) + tuple(a.shape[2:])), axis=1)[:, 0]
 
 
-def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token, hidden, num_nodes, ops,
-            no_room=None):
+def _commit(state: DecodeState, kv: mx.array, key: mx.array | None, beams: mx.array, v: Verified, hidden: mx.array,
+            num_nodes: mx.array, ops, no_room: mx.array | None = None):
     """Steps 6-7: compact the KV cache, write the committed tokens; returns (new state, n_commit).
     Rows in ``no_room`` (B,) bool commit nothing and are marked done and flagged in ``overflow``."""
     overflow = state.overflow
@@ -272,10 +238,10 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
         state = replace(state, done=state.done | no_room)
     B, _, L = beams.shape
     i = mx.arange(L, dtype=mx.int32)
-    path_tokens = _gather_rows(beams, best_beam).astype(mx.int32)  # [B, L]
+    path_tokens = _gather_rows(beams, v.best_beam).astype(mx.int32)  # [B, L]
 
     # commit root + accepted drafts, cut after an EOS and at max_new_tokens; -1 = inactive row
-    n_commit = accept_len.astype(mx.int32) + 1
+    n_commit = v.accept_len.astype(mx.int32) + 1
     if state.eos_id is not None:
         is_eos = (path_tokens == state.eos_id) & (i[None, :] < n_commit[:, None])
         first_eos = mx.min(mx.where(is_eos, i[None, :], L), axis=1)
@@ -285,27 +251,25 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
     last = n_commit - 1  # the last committed path position, -1 for inactive rows
 
     # 6: keep only the committed path's K/V; cache_len += n_commit
-    kv, cache_len = ops.kv_compact(kv, state.cache_len, path_nodes, last)
+    kv, cache_len = ops.kv_compact(kv, state.cache_len, v.path_nodes, last)
 
     # 7: fixed-shape scatter into the output buffer; uncommitted positions go to scratch columns
     scratch = state.out.shape[1] - L + i
     dst = mx.where(i[None, :] < n_commit[:, None], state.num_out[:, None] + i[None, :], scratch[None, :])
     out = mx.put_along_axis(state.out, dst, path_tokens, axis=1)
     last_c = mx.maximum(last, 0)
-    last_node = _gather_rows(path_nodes[:, :, None], last_c)[:, 0]  # [B]
+    last_node = _gather_rows(v.path_nodes[:, :, None], last_c)[:, 0]  # [B]
     new_hidden = _gather_rows(hidden, last_node)
     active = ~state.done
     num_out = state.num_out + n_commit
-    finished = num_out >= state.max_new_tokens
-    if state.eos_id is not None:
-        last_tok = _gather_rows(path_tokens[:, :, None], last_c)[:, 0]
-        finished = finished | ((n_commit > 0) & (last_tok == state.eos_id))
+    last_tok = _gather_rows(path_tokens[:, :, None], last_c)[:, 0]
+    finished = _finished(num_out, state.max_new_tokens, state.eos_id, n_commit > 0, last_tok)
     new = replace(
         state,
         kv=kv,
         cache_len=cache_len,
         hidden=mx.where(active[:, None], new_hidden.astype(state.hidden.dtype), state.hidden),
-        token=mx.where(active, next_token.astype(mx.int32), state.token),
+        token=mx.where(active, v.next_token.astype(mx.int32), state.token),
         out=out,
         num_out=num_out,
         done=state.done | finished,
@@ -317,14 +281,22 @@ def _commit(state, kv, key, beams, accept_len, best_beam, path_nodes, next_token
     return new, n_commit
 
 
+def _finished(num_out: mx.array, max_new_tokens: int, eos_id: int | None, committed: mx.array,
+              last_token: mx.array) -> mx.array:
+    """The stopping rule of every step: a row is done once it has written ``max_new_tokens``, or
+    when the last token it just committed is the EOS (``num_out`` already counts this step)."""
+    finished = num_out >= max_new_tokens
+    return finished if eos_id is None else finished | (committed & (last_token == eos_id))
+
+
 def _prepare_prompts(target, prompts, max_new_tokens: int = 0) -> tuple[mx.array, mx.array]:
     """Right-pad prompts into ``(B, T)`` int32 + ``lengths (B,)`` after validating them on the host."""
     if isinstance(prompts, mx.array):
         if prompts.ndim != 2:
             raise ValueError(f"generate: prompts must be a (B, T) array or a list of lists, got shape {prompts.shape}")
         prompts = prompts.tolist()  # sync-ok: host-side validation before decoding starts
-    rows = prompt_rows(prompts, target.vocab_size)
-    check_context(rows, max_new_tokens, target)
+    rows = common.prompt_rows(prompts, target.vocab_size)
+    common.check_context(rows, max_new_tokens, target)
     T = max(map(len, rows))
     tokens = mx.array([p + [0] * (T - len(p)) for p in rows], dtype=mx.int32)
     lengths = mx.array([len(p) for p in rows], dtype=mx.int32)
@@ -339,10 +311,10 @@ def _sampling_or_none(temperature: float, top_k: int, top_p: float) -> SamplingP
 def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None,
            sampling: SamplingParams | None, seed: int) -> DecodeState:
     """Validate, allocate the cache and prefill (the first token sampled when ``sampling``)."""
-    check_generate_args(max_new_tokens, eos_id, target.vocab_size)
+    common.check_generate_args(max_new_tokens, eos_id, target.vocab_size)
     tokens, lengths = _prepare_prompts(target, prompts, max_new_tokens)
     B, T = tokens.shape
-    S = cache_length(T, max_new_tokens, slack, max_len)
+    S = common.cache_length(T, max_new_tokens, slack, max_len)
     kv = target.new_kv_cache(B, S)
     logits, hidden, kv = target.prefill(tokens, lengths, kv)
     key = None
@@ -384,21 +356,9 @@ def _progress(state: DecodeState) -> tuple[bool, int]:
 
 
 def generate(
-    target,
-    drafter,
-    prompts: Sequence[Sequence[int]] | mx.array,
-    max_new_tokens: int,
-    *,
-    beam_width: int = 4,
-    beam_length: int = 4,
-    eos_id: int | None = None,
-    ops: ModuleType | None = None,
-    check_every: int = 4,
-    max_len: int | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
+    target, drafter, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *, beam_width: int = 4,
+    beam_length: int = 4, eos_id: int | None = None, ops: ModuleType | None = None, check_every: int = 4,
+    max_len: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
 ) -> GenerateOutput:
     """ReDrafter generation on MLX: prefill, then ``decode_step`` until every row is done.
 
@@ -419,7 +379,7 @@ def generate(
         ``GenerateOutput``; greedy: the tokens of ``autoregressive_generate``, token for token;
         sampling: distributed as ``autoregressive_generate``'s, reproducible for a given seed.
     """
-    check_every_arg(check_every)
+    common.check_every_arg(check_every)
     N = num_nodes_max(beam_width, beam_length)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
@@ -432,25 +392,18 @@ def generate(
                                 sampling=sampling, check_room=False)
         mx.async_eval(box[0].arrays())  # schedules the step; the host runs ahead to build the next
 
-    calls = run_until_done(step, lambda: _progress(box[0]), max_new_tokens, beam_length, check_every, eos_id is not None)
+    calls = common.run_until_done(step, lambda: _progress(box[0]), max_new_tokens, beam_length, check_every,
+                                  eos_id is not None)
     return _finish(box[0], calls)
 
 
 def autoregressive_generate(
-    target,
-    prompts: Sequence[Sequence[int]] | mx.array,
-    max_new_tokens: int,
-    *,
-    eos_id: int | None = None,
-    check_every: int = 4,
-    max_len: int | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    target, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *, eos_id: int | None = None,
+    check_every: int = 4, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
     seed: int = 0,
 ) -> GenerateOutput:
     """Plain decoding with the same target and cache: one token per forward (the baseline)."""
-    check_every_arg(check_every)
+    common.check_every_arg(check_every)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling, seed)
     params = sampling or SamplingParams(0.0)
@@ -472,9 +425,7 @@ def autoregressive_generate(
         out = mx.put_along_axis(state.out, dst[:, None], tok[:, None], axis=1)
         a = active.astype(mx.int32)
         num_out = state.num_out + a
-        finished = num_out >= max_new_tokens
-        if eos_id is not None:
-            finished = finished | (active & (tok == eos_id))
+        finished = _finished(num_out, max_new_tokens, eos_id, active, tok)
         state = replace(
             state, kv=kv, cache_len=state.cache_len + a, hidden=mx.where(active[:, None], hidden[:, 0], state.hidden),
             token=mx.where(active, params.sample(logits[:, 0], u), tok), out=out, num_out=num_out,
@@ -483,5 +434,5 @@ def autoregressive_generate(
         mx.async_eval(state.arrays())
         box[0] = state
 
-    calls = run_until_done(step, lambda: _progress(box[0]), max_new_tokens, 1, check_every, eos_id is not None)
+    calls = common.run_until_done(step, lambda: _progress(box[0]), max_new_tokens, 1, check_every, eos_id is not None)
     return _finish(box[0], calls)

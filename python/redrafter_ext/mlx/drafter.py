@@ -96,16 +96,7 @@ class Drafter(nn.Module):
         self, hidden: mx.array, token: mx.array, embed_weight: mx.array, beam_width: int, beam_length: int,
         ops: ModuleType,
     ) -> mx.array:
-        """Draft W beams of L tokens from the target's last hidden state.
-
-        Args:
-            hidden: ``(B, H)`` target hidden state (after its final norm) at the last committed token.
-            token: ``(B,)`` int, the guaranteed next token.
-            embed_weight: ``(V, H)`` the target's input embedding table.
-
-        Returns:
-            ``beams (B, W, L)`` int32, ``beams[:, :, 0] == token``.
-        """
+        """Draft W beams of L tokens: ``redrafter_ext.Drafter.beam_search`` on MLX arrays."""
         B, H = hidden.shape
         dtype = self.dtype
         h = hidden.astype(dtype)[:, None, :]  # [B, 1, H]

@@ -18,13 +18,12 @@ The target protocol (MLX flavour) an engine implements to use ``redrafter_ext.ml
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..config import ConfigSizes, LlamaConfig  # plain Python: redrafter_ext.mlx needs no torch
+from ..config import ConfigSizes, LlamaConfig, read_checkpoint  # plain Python: redrafter_ext.mlx needs no torch
 
 __all__ = ["LlamaConfig", "LlamaTarget", "causal_tree_mask"]
 
@@ -40,22 +39,23 @@ def _rotate_half(x: mx.array) -> mx.array:
     return mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def _linears(module: nn.Module, c: LlamaConfig, group: str) -> None:
+    """The bias-free projections of ``group`` ("self_attn" or "mlp"), named as Hugging Face does."""
+    for name, (n_in, n_out) in c.layer_linears().items():
+        if name.startswith(group + "."):
+            setattr(module, name.split(".")[1], nn.Linear(n_in, n_out, bias=False))
+
+
 class _Attention(nn.Module):
     def __init__(self, c: LlamaConfig) -> None:
         super().__init__()
-        H, D = c.hidden_size, c.head_dim
-        self.q_proj = nn.Linear(H, c.num_attention_heads * D, bias=False)
-        self.k_proj = nn.Linear(H, c.num_key_value_heads * D, bias=False)
-        self.v_proj = nn.Linear(H, c.num_key_value_heads * D, bias=False)
-        self.o_proj = nn.Linear(c.num_attention_heads * D, H, bias=False)
+        _linears(self, c, "self_attn")
 
 
 class _MLP(nn.Module):
     def __init__(self, c: LlamaConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        _linears(self, c, "mlp")
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -181,14 +181,8 @@ class LlamaTarget(ConfigSizes, nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str | Path, dtype: mx.Dtype = mx.float32) -> LlamaTarget:
         """Load a Hugging Face Llama checkpoint folder (config.json + *.safetensors) in ``dtype``."""
-        folder = Path(folder)
-        cfg = folder / "config.json"
-        if not cfg.is_file():
-            raise FileNotFoundError(f"LlamaTarget.from_pretrained: no config.json in {folder}")
-        model = cls(LlamaConfig.from_hf(json.loads(cfg.read_text())))
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"LlamaTarget.from_pretrained: no *.safetensors in {folder}")
+        config, files = read_checkpoint(folder, "LlamaTarget.from_pretrained")
+        model = cls(config)
         weights: dict[str, mx.array] = {}
         for f in files:
             weights.update(mx.load(str(f)))

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from .._shape_checks import OPS
 from . import _checks, _ext
 
-__all__ = ["beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact", "HAS_METAL"]
+__all__ = [*OPS, "HAS_METAL"]
 
 #: whether this build has the Metal (GPU) kernels; without them, ops on a GPU stream raise at eval
 HAS_METAL: bool = bool(_ext.has_metal)
@@ -180,16 +181,8 @@ def verify_greedy(
 
 
 def verify_sample(
-    logits: mx.array,
-    beams: mx.array,
-    beam_node: mx.array,
-    accept_u: mx.array,
-    sample_u: mx.array,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    *,
-    stream: Stream = None,
+    logits: mx.array, beams: mx.array, beam_node: mx.array, accept_u: mx.array, sample_u: mx.array,
+    temperature: float, top_k: int = 0, top_p: float = 1.0, *, stream: Stream = None,
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     """Exact sampling: recursive rejection over the trie (``reference.verify_sample``'s decisions).
 
@@ -200,29 +193,9 @@ def verify_sample(
     L-1) the next token is drawn from the remaining ``p`` by inverse CDF with ``sample_u[b]``.
     ``temperature == 0`` is ``verify_greedy`` exactly.
 
-    Parameters
-    ----------
-    logits : mx.array
-        ``(B, N', V)`` float32/float16/bfloat16 target logits per trie node, ``N' >= 1 + W*(L-1)``.
-    beams : mx.array
-        ``(B, W, L)`` int32/int64 draft beams; draft tokens in ``[0, V)`` (clamped into it).
-    beam_node : mx.array
-        ``(B, W, L)`` int32/int64 node of each beam position, in ``[0, N')`` (clamped into it).
-    accept_u : mx.array
-        ``(B, L-1, W)`` float32 uniforms in ``[0, 1)`` for the child decisions.
-    sample_u : mx.array
-        ``(B,)`` float32 uniform in ``[0, 1)`` for the next token.
-    temperature : float
-        ``>= 0``; 0 is greedy.
-    top_k : int
-        ``>= 0``; 0 is off.
-    top_p : float
-        In ``(0, 1]``; 1 is off.
-
-    Returns
-    -------
-    accept_len, best_beam, path_nodes, next_token : int32 ``(B,)``, ``(B,)``, ``(B, L)``, ``(B,)``
-        as ``verify_greedy``; ``next_token`` is sampled at the stop node.
+    Parameters and results as ``redrafter_ext.ops.verify_sample`` (shapes, dtypes, ranges), on
+    ``mx.array``; draft tokens and ``beam_node`` values out of range are clamped into it instead of
+    raising.
     """
     _checks.check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
     top_k = min(top_k, 2**31 - 1)  # >= V is "off" anyway

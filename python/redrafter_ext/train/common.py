@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
+from collections.abc import Iterator
+
+import torch
+from tqdm.auto import tqdm
 
 
 def lr_at(cfg, step: int, progress: float) -> float:
@@ -19,3 +24,66 @@ def dataclass_from_args(cls, a: argparse.Namespace):
     """An instance of the config dataclass ``cls`` from the parsed options named like its fields."""
     names = set(cls.__dataclass_fields__)
     return cls(**{k: v for k, v in vars(a).items() if k in names})
+
+
+def adamw(params, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (biases, norms and other vectors are not decayed)."""
+    params = list(params)
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=betas,
+    )
+
+
+def optimizer_step(loss: torch.Tensor, params, opt: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
+    """Backward, gradient clipping to ``grad_clip``, one optimiser step; returns the pre-clip norm."""
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return gnorm
+
+
+class StepLoop:
+    """The optimisation loop of the training scripts: iterate it for the learning rate of each step
+    (``lr_at``, already set on ``opt``), call ``done`` after the step. It stops at ``budget`` seconds
+    from ``start`` or at ``cfg.max_steps``, whichever comes first; the bar counts seconds under a
+    budget, else steps."""
+
+    def __init__(self, cfg, opt: torch.optim.Optimizer, budget: float | None, desc: str | None = None,
+                 start: float | None = None) -> None:
+        self.cfg, self.opt, self.budget = cfg, opt, budget
+        self.start = time.time() if start is None else start
+        self.step = 0
+        self.bar = tqdm(total=cfg.max_steps if budget is None else int(budget), unit="step" if budget is None else "s",
+                        dynamic_ncols=True, desc=desc)
+        self._bar_pos = 0
+
+    @property
+    def minutes(self) -> float:
+        return (time.time() - self.start) / 60
+
+    def __iter__(self) -> Iterator[float]:
+        try:
+            while True:
+                progress = 0.0 if self.budget is None else (time.time() - self.start) / self.budget
+                if self.cfg.max_steps is not None:
+                    progress = max(progress, self.step / self.cfg.max_steps)
+                if progress >= 1.0:
+                    return
+                lr = lr_at(self.cfg, self.step, progress)
+                for g in self.opt.param_groups:
+                    g["lr"] = lr
+                yield lr
+        finally:
+            self.bar.close()
+
+    def done(self, **postfix) -> None:
+        """Counts the step and shows ``postfix`` (after ``step``) on the bar."""
+        self.step += 1
+        pos = self.step if self.budget is None else int(min(time.time() - self.start, self.budget))
+        self.bar.update(pos - self._bar_pos)
+        self._bar_pos = pos
+        self.bar.set_postfix(step=self.step, **postfix)

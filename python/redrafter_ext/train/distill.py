@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from ..drafter import Drafter, DrafterConfig, beam_search
 from . import corpus
-from .common import dataclass_from_args, lr_at
+from .common import StepLoop, adamw, dataclass_from_args, optimizer_step
 
 __all__ = ["DistillConfig", "add_args", "config_from_args", "evaluate", "generate_data", "train"]
 
@@ -422,12 +422,7 @@ def train(cfg: DistillConfig) -> dict:
     drafter = Drafter(DrafterConfig(hidden_size=H, vocab_size=V, num_layers=cfg.num_layers))
     n_params = sum(p.numel() for p in drafter.parameters())
     print(f"[drafter] Drafter: {cfg.num_layers} layers, {n_params / 1e6:.2f}M parameters, K={cfg.K}", flush=True)
-    decay = [p for p in drafter.parameters() if p.dim() >= 2]
-    no_decay = [p for p in drafter.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.98),
-    )
+    opt = adamw(drafter.parameters(), cfg.lr, cfg.weight_decay, (0.9, 0.98))
     init = evaluate(drafter, ev_seqs, ev_hidden, cfg, embed, beams=False)
     print(f"[drafter] init: {_fmt(init)}", flush=True)
 
@@ -436,27 +431,15 @@ def train(cfg: DistillConfig) -> dict:
     train_budget = None
     if budget is not None:
         train_budget = max(budget - (t_loop - t0) - cfg.reserve_minutes * 60, 30.0)
-    step, seen = 0, 0
+    seen = 0
     perm = torch.randperm(len(tr_pos), generator=gen)
     cursor = 0
     history = []
     ema_loss = None
     ema_agree = None
-    bar = tqdm(total=cfg.max_steps if train_budget is None else int(train_budget),
-               unit="step" if train_budget is None else "s", dynamic_ncols=True, desc="distill")
-    bar_pos = 0
+    loop = StepLoop(cfg, opt, train_budget, "distill", start=t_loop)
     drafter.train()
-    while True:
-        progress = 0.0
-        if train_budget is not None:
-            progress = max(progress, (time.time() - t_loop) / train_budget)
-        if cfg.max_steps is not None:
-            progress = max(progress, step / cfg.max_steps)
-        if progress >= 1.0:
-            break
-        lr = lr_at(cfg, step, progress)
-        for g in opt.param_groups:
-            g["lr"] = lr
+    for lr in loop:
         if cursor + cfg.batch_size > len(perm):
             perm = torch.randperm(len(tr_pos), generator=gen)
             cursor = 0
@@ -464,26 +447,20 @@ def train(cfg: DistillConfig) -> dict:
         cursor += cfg.batch_size
         h, emb, th, _ = gather(tr_seqs, tr_hidden, p, cfg.K, embed)
         loss, kl, agree = distill_loss(drafter, h, emb, th, embed, cfg.hard_weight, cfg.teacher_temperature)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
+        optimizer_step(loss, drafter.parameters(), opt, cfg.grad_clip)
         seen += len(p)
         ema_loss = kl.mean().item() if ema_loss is None else 0.95 * ema_loss + 0.05 * kl.mean().item()
         ema_agree = agree if ema_agree is None else 0.95 * ema_agree + 0.05 * agree
-        new_pos = step if train_budget is None else int(min(time.time() - t_loop, train_budget))
-        bar.update(new_pos - bar_pos)
-        bar_pos = new_pos
-        bar.set_postfix(step=step, kl=f"{ema_loss:.3f}", a1=f"{ema_agree[0]:.3f}", aK=f"{ema_agree[-1]:.3f}", lr=f"{lr:.1e}")
+        loop.done(kl=f"{ema_loss:.3f}", a1=f"{ema_agree[0]:.3f}", aK=f"{ema_agree[-1]:.3f}", lr=f"{lr:.1e}")
+        step = loop.step
         if step % cfg.eval_every == 0:
             r = evaluate(drafter, ev_seqs, ev_hidden, cfg, embed, beams=False)
             r.update(step=step, positions_seen=seen, train_kl_ema=ema_loss, minutes=(time.time() - t_loop) / 60)
             history.append(r)
             tqdm.write(f"[drafter] step {step}: train kl {ema_loss:.3f} | eval {_fmt(r)} "
                        f"chain L5 {r['chain_tokens_per_step_L5'] if 'chain_tokens_per_step_L5' in r else float('nan'):.3f}")
-    bar.close()
-    train_minutes = (time.time() - t_loop) / 60
+    step = loop.step
+    train_minutes = loop.minutes
 
     # ship in bf16, evaluate the shipped weights (upcast, as decoding on CPU runs float32)
     drafter_bf16 = Drafter(drafter.config)

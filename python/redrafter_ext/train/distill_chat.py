@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ..drafter import Drafter, DrafterConfig
 from .chat_data import ChatDataConfig, generate_chat_data, load_chat_data
-from .common import lr_at
+from .common import StepLoop, optimizer_step
 from .distill import DistillConfig, _beam_topk, distill_loss
 
 __all__ = ["train_chat", "flatten", "vocab_by_frequency"]
@@ -185,22 +185,12 @@ def train_chat(cfg: DistillConfig) -> dict:
     out = Path(cfg.out)
     budget = cfg.minutes * 60 - (time.time() - t0) - cfg.reserve_minutes * 60 if cfg.minutes else None
     gen = torch.Generator().manual_seed(cfg.seed)
-    perm, cursor, step, seen = torch.randperm(len(tr[2]), generator=gen), 0, 0, 0
+    perm, cursor, seen = torch.randperm(len(tr[2]), generator=gen), 0, 0
     ema = None
-    t_loop = last_save = time.time()
-    bar = tqdm(total=cfg.max_steps if budget is None else int(budget), unit="step" if budget is None else "s",
-               desc="distill", dynamic_ncols=True)
-    bar_pos = 0
+    loop = StepLoop(cfg, opt, budget, "distill")
+    t_loop = last_save = loop.start
     drafter.train()
-    while True:
-        progress = 0.0 if budget is None else (time.time() - t_loop) / budget
-        if cfg.max_steps is not None:
-            progress = max(progress, step / cfg.max_steps)
-        if progress >= 1.0:
-            break
-        lr = lr_at(cfg, step, progress)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
+    for lr in loop:
         if cursor + cfg.batch_size > len(perm):
             perm, cursor = torch.randperm(len(tr[2]), generator=gen), 0
         s = tr[2][perm[cursor : cursor + cfg.batch_size]]
@@ -208,17 +198,11 @@ def train_chat(cfg: DistillConfig) -> dict:
         h, emb, th = _gather(tr[0], tr[1], s, K, embed)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             loss, kl, agree = distill_loss(drafter, h, emb, th, head, cfg.hard_weight, cfg.teacher_temperature)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
+        optimizer_step(loss, drafter.parameters(), opt, cfg.grad_clip)
         seen += len(s)
         ema = agree if ema is None else 0.95 * ema + 0.05 * agree
-        new_pos = step if budget is None else int(min(time.time() - t_loop, budget))
-        bar.update(new_pos - bar_pos)
-        bar_pos = new_pos
-        bar.set_postfix(step=step, loss=f"{loss.item():.3f}", a1=f"{ema[0]:.3f}", aK=f"{ema[-1]:.3f}", lr=f"{lr:.1e}")
+        loop.done(loss=f"{loss.item():.3f}", a1=f"{ema[0]:.3f}", aK=f"{ema[-1]:.3f}", lr=f"{lr:.1e}")
+        step = loop.step
         if step % cfg.eval_every == 0:
             r = evaluate_chat(drafter, ev, cfg, embed, beams=False)
             r.update(step=step, minutes=(time.time() - t_loop) / 60, load=os.getloadavg()[0])
@@ -229,7 +213,7 @@ def train_chat(cfg: DistillConfig) -> dict:
             summary.update(steps=step, positions_seen=seen)
             _save(drafter, out, summary)
             last_save = time.time()
-    bar.close()
+    step = loop.step
     drafter.eval()
     final = evaluate_chat(drafter, ev, cfg, embed, beams=True)
     summary.update(steps=step, positions_seen=seen, train_minutes=(time.time() - t_loop) / 60,

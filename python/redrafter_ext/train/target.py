@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import corpus
-from .common import dataclass_from_args, lr_at
+from .common import StepLoop, adamw, dataclass_from_args, optimizer_step
 
 __all__ = ["TargetTrainConfig", "add_args", "config_from_args", "load_tokenizer", "train", "train_tokenizer"]
 
@@ -255,55 +255,29 @@ def train(cfg: TargetTrainConfig) -> dict:
     model = build_model(cfg, vocab, eos_id)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[target] LlamaForCausalLM {n_params / 1e6:.2f}M parameters", flush=True)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
+    opt = adamw(model.parameters(), cfg.lr, cfg.weight_decay, (0.9, 0.95))
     gen = torch.Generator().manual_seed(cfg.seed)
     budget = cfg.minutes * 60.0 if cfg.minutes else None
     if budget is None and cfg.max_steps is None:
         raise ValueError("give --minutes and/or --max-steps")
 
     model.train()
-    step, tokens_seen = 0, 0
+    tokens_seen = 0
     history: list[dict] = []
-    t_loop = time.time()
-    last_save = t_loop
     ema = None
-    bar = tqdm(total=cfg.max_steps if budget is None else int(budget), unit="step" if budget is None else "s", dynamic_ncols=True)
-    bar_pos = 0
-    while True:
-        elapsed = time.time() - t_loop
-        progress = 0.0
-        if budget is not None:
-            progress = max(progress, elapsed / budget)
-        if cfg.max_steps is not None:
-            progress = max(progress, step / cfg.max_steps)
-        if progress >= 1.0:
-            break
-        lr = lr_at(cfg, step, progress)
-        for g in opt.param_groups:
-            g["lr"] = lr
+    loop = StepLoop(cfg, opt, budget)
+    t_loop = last_save = loop.start
+    for lr in loop:
         batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, gen)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             logits = model(input_ids=batch[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab), batch[:, 1:].reshape(-1))
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
+        gnorm = optimizer_step(loss, model.parameters(), opt, cfg.grad_clip)
         tokens_seen += batch[:, 1:].numel()
         li = loss.item()
         ema = li if ema is None else 0.98 * ema + 0.02 * li
-        new_pos = step if budget is None else int(min(time.time() - t_loop, budget))
-        bar.update(new_pos - bar_pos)
-        bar_pos = new_pos
-        bar.set_postfix(step=step, loss=f"{ema:.3f}", lr=f"{lr:.2e}", tok=f"{tokens_seen / 1e6:.2f}M")
+        loop.done(loss=f"{ema:.3f}", lr=f"{lr:.2e}", tok=f"{tokens_seen / 1e6:.2f}M")
+        step = loop.step
         if step % cfg.eval_every == 0:
             vl = evaluate(model, vwin, cfg.bf16)
             rec = {"step": step, "tokens": tokens_seen, "train_loss_ema": ema, "val_loss": vl, "lr": lr,
@@ -314,8 +288,8 @@ def train(cfg: TargetTrainConfig) -> dict:
             save_bf16(model, tok, out)
             last_save = time.time()
             tqdm.write(f"[target] checkpoint saved to {out} at step {step}")
-    bar.close()
-    train_minutes = (time.time() - t_loop) / 60
+    step = loop.step
+    train_minutes = loop.minutes
 
     save_bf16(model, tok, out)
     # final numbers on the shipped bf16 weights, reloaded from disk
