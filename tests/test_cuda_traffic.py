@@ -88,3 +88,27 @@ def test_filtered_traffic_near_one_read(emu, t, k, p):
     minimum = visited_rows(acc) * V * 2
     assert logits_read <= 1.05 * minimum, (logits_read / minimum)
     assert read16 >= 0.9 * read
+
+
+@pytest.mark.parametrize("V,dtype", [(20001, torch.float16), (32000, torch.float32), (12347, torch.bfloat16)])
+def test_unfiltered_tiles(emu, V, dtype):
+    # the final sample starts at the crossing's tile: odd V (rows off 16-byte boundaries), uniforms
+    # near 0 and 1 (first and last tile), rejections before the stop
+    logits, beams, beam_node, au, su = sample_case(6, 3, 4, V, seed=V, dtype=dtype, boost=6.0)
+    su = torch.tensor([0.0, 0.999, 0.5, 0.25, 0.9999, 0.75])
+    au[1] = 0.999  # row 1 rejects every child
+    for t in (1.0, 0.6):
+        check_sample(emu, logits, beams, beam_node, au, su, t, 0, 1.0)
+
+
+def test_unfiltered_traffic(emu):
+    """Without filters: one read of the visited rows, plus one tile of each stop node's row."""
+    B, W, L, V = 3, 4, 4, 32000
+    logits, beams, beam_node, au, su = sample_case(B, W, L, V, seed=4, dtype=torch.bfloat16, boost=6.0)
+    emu.traffic_start(1)
+    acc = run_sample(emu, logits, beams, beam_node, au, su, 1.0, 0, 1.0, seed=2)[0]
+    launches, _ = emu.traffic_stop()
+    logits_read = sum(ln["region_read"].get("logits", 0) for ln in launches)
+    minimum = visited_rows(acc) * V * 2
+    tile = 4096  # elements: a power of two >= one scan step (512 threads x 8) and >= V / 16
+    assert logits_read <= minimum + B * tile * 2 + 64, (logits_read / minimum, acc)

@@ -176,6 +176,31 @@ struct Dist {
   double z2 = 1.0;
 };
 
+// Per-tile sums of an unfiltered node's pass, so that its final sample re-reads one tile of the row
+// instead of the row up to the crossing. Tile j holds the elements i with (i - vlo) >> sh == j
+// (vlo: the row's first 16-byte boundary; the head goes to tile 0, the rest past nt to the last).
+struct Tiles {
+  double* part = nullptr;  // [nt * blockDim]: thread t's sum of exp(x - tmax[t]) over tile j at j * blockDim + t
+  double* tmax = nullptr;  // [blockDim] each thread's running max at the end of the pass
+  double* mass = nullptr;  // [nt] tile masses in p units at the stop node
+  int nt = 0;              // 0: not recorded
+  int sh = 0;
+};
+
+template <typename T>
+__device__ __forceinline__ int64_t row_head(const T* row, int64_t V) {  // as block_for_each's head
+  constexpr int64_t E = 16 / static_cast<int64_t>(sizeof(T));
+  const int64_t mis = static_cast<int64_t>((reinterpret_cast<uintptr_t>(row) & 15u) / sizeof(T));
+  const int64_t head = mis == 0 ? 0 : E - mis;
+  return head < V ? head : V;
+}
+
+__device__ __forceinline__ int tile_of(const Tiles& tl, int64_t i, int64_t vlo) {
+  if (i < vlo) return 0;
+  const int64_t j = (i - vlo) >> tl.sh;
+  return j < tl.nt ? static_cast<int>(j) : tl.nt - 1;
+}
+
 // p before top-p (step 3 of reference.sampling_probs)
 __device__ __forceinline__ double base_prob(const Dist& d, float logit) {
   if (d.nan) return bits_to_double(0x7ff8000000000000ull);
@@ -321,7 +346,8 @@ __device__ __forceinline__ void online_add(double x, double& tm, double& tz, boo
 // with top-k, one for the max and the sum of exp(x - max), and the top-p search passes with top-p.
 // The general path, taken when the one-pass filter below cannot decide.
 template <typename T>
-__device__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p, Smem& s) {
+__device__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p, Smem& s,
+                          const Tiles& tl) {
   Dist d;
   d.inv_t = inv_t;
   d.topk = top_k > 0 && top_k < V;
@@ -331,10 +357,38 @@ __device__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, in
   const Dist& cd = d;
   double tm = -inf_d(), tz = 0.0;  // this thread's running max of the kept x and sum of exp(x - tm)
   bool any_nan = false;
-  block_for_each(row, 0, V, [&](int64_t, float logit) {
-    const double x = mul_rn(static_cast<double>(logit), cd.inv_t);
-    if (!(cd.topk && !(x >= cd.thr_x))) online_add(x, tm, tz, any_nan);  // top-k removes a NaN too
-  });
+  if (tl.nt > 0) {  // unfiltered: the same sums, and each tile's share of this thread's
+    double* mine = tl.part + threadIdx.x;
+    for (int j = 0; j < tl.nt; ++j) mine[j * blockDim.x] = 0.0;
+    const int64_t vlo = row_head(row, V);
+    block_for_each(row, 0, V, [&](int64_t i, float logit) {
+      const double x = mul_rn(static_cast<double>(logit), cd.inv_t);
+      double* slot = mine + tile_of(tl, i, vlo) * blockDim.x;
+      if (isnan_d(x)) {
+        any_nan = true;
+      } else if (x > tm) {
+        if (tm == -inf_d()) {
+          tz = 1.0;
+        } else {
+          const double r = exp(sub_rn(tm, x));
+          tz = tz * r + 1.0;
+          for (int j = 0; j < tl.nt; ++j) mine[j * blockDim.x] *= r;
+        }
+        *slot += 1.0;
+        tm = x;
+      } else if (x > -inf_d()) {
+        const double e = exp(sub_rn(x, tm));
+        tz += e;
+        *slot += e;
+      }
+    });
+    tl.tmax[threadIdx.x] = tm;
+  } else {
+    block_for_each(row, 0, V, [&](int64_t, float logit) {
+      const double x = mul_rn(static_cast<double>(logit), cd.inv_t);
+      if (!(cd.topk && !(x >= cd.thr_x))) online_add(x, tm, tz, any_nan);  // top-k removes a NaN too
+    });
+  }
   bool nan = false;
   finish_max_sum(tm, tz, any_nan, s, &d.m, &d.z, &nan);
   // NaN logit, +inf (inf - inf), all removed or -inf (-inf - -inf): every p is NaN in the reference
@@ -353,6 +407,7 @@ __device__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, in
 // candidates or a p tie spans two keys at the cut.
 
 constexpr int kListSlots = 8;  // R: per-thread list length
+constexpr int kMaxTiles = 16;  // unfiltered: the final sample re-reads 1/16 of the stop node's row or less
 
 struct Cand {
   uint64_t* list = nullptr;  // [R * blockDim]: slot j of thread t at j * blockDim + t; then p of `key`
@@ -533,7 +588,7 @@ int g_list_slots = -1;        // verify_sample_set_list_slots: -1 default, 0 nev
 // it cannot decide) the general path.
 template <typename T>
 __device__ Dist visit_node(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p, Cand& c,
-                           Smem& s) {
+                           const Tiles& tl, Smem& s) {
   c.live = false;
   if (c.R > 0) {
     Dist d;
@@ -543,7 +598,7 @@ __device__ Dist visit_node(const T* __restrict__ row, int64_t V, double inv_t, i
 #endif
     c.live = false;
   }
-  return node_dist(row, V, inv_t, top_k, top_p, s);
+  return node_dist(row, V, inv_t, top_k, top_p, s, tl);
 }
 
 __device__ __forceinline__ bool rejected(const int64_t* rej, int n_rej, const uint32_t* bits, int64_t v) {
@@ -568,15 +623,17 @@ __device__ double residual_mass(const T* __restrict__ row, int64_t V, const Dist
 // Tiles of blockDim * E elements in index order, E per thread (one 16-byte word when aligned):
 // sequential sums within a thread's E, a block scan across threads, a carry across tiles; stops
 // at the tile holding the crossing.
+// From element `start` with the mass before it `carry` (0, 0: the whole row); -1 when no p in
+// [start, V) is positive and the crossing was not found.
 template <typename T>
-__device__ int32_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
-                               const uint32_t* bits, double total, float u, Smem& s) {
+__device__ int64_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
+                               const uint32_t* bits, double total, float u, Smem& s, int64_t start = 0,
+                               double carry = 0.0) {
   constexpr int E = 16 / static_cast<int>(sizeof(T));
-  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+  const bool vec = (reinterpret_cast<uintptr_t>(row + start) & 15u) == 0;
   const double thr = mul_rn(static_cast<double>(u), total);
-  double carry = 0.0;
   int64_t last = -1, first = V;
-  for (int64_t t0 = 0; t0 < V; t0 += static_cast<int64_t>(blockDim.x) * E) {
+  for (int64_t t0 = start; t0 < V; t0 += static_cast<int64_t>(blockDim.x) * E) {
     const int64_t i0 = t0 + static_cast<int64_t>(threadIdx.x) * E;
     float x[E];
     if (vec && i0 + E <= V) {
@@ -609,9 +666,35 @@ __device__ int32_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist&
     if (first < V) break;  // block-uniform
     carry = add_rn(carry, tile);
   }
-  if (first < V) return static_cast<int32_t>(first);  // a positive p: at most the last positive index
-  const int64_t lp = block_reduce<IntOp::kMax>(last, s);
-  return static_cast<int32_t>(lp < 0 ? 0 : lp);
+  if (first < V) return first;  // a positive p: at most the last positive index
+  return block_reduce<IntOp::kMax>(last, s);
+}
+
+// inverse_cdf at an unfiltered stop node with tile sums: the tile masses (the pass's per-thread
+// sums rescaled to the max, over z, less the rejected p) locate the crossing's tile, and the row
+// is scanned from there with their sum as the carry (the whole row when no positive p follows).
+template <typename T>
+__device__ int32_t inverse_cdf_tiled(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej,
+                                     int n_rej, const uint32_t* bits, double total, float u, const Tiles& tl,
+                                     Smem& s) {
+  const double tmx = tl.tmax[threadIdx.x];
+  const double sc = tmx > -inf_d() ? exp(sub_rn(tmx, d.m)) : 0.0;
+  for (int j = 0; j < tl.nt; ++j) {
+    const double mj = block_sum(tl.part[j * blockDim.x + threadIdx.x] * sc, s);
+    if (threadIdx.x == 0) tl.mass[j] = mj / d.z;
+  }
+  const int64_t vlo = row_head(row, V);
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < n_rej; ++r) tl.mass[tile_of(tl, rej[r], vlo)] -= prob(d, to_float(ld_global(row + rej[r])), rej[r]);
+  }
+  __syncthreads();
+  const double thr = mul_rn(static_cast<double>(u), total);
+  int js = 0;
+  double carry = 0.0;
+  while (js + 1 < tl.nt && add_rn(carry, tl.mass[js]) <= thr) carry = add_rn(carry, tl.mass[js++]);
+  int64_t tok = inverse_cdf(row, V, d, rej, n_rej, bits, total, u, s, js == 0 ? 0 : vlo + (int64_t{js} << tl.sh), carry);
+  if (tok < 0 && js > 0) tok = inverse_cdf(row, V, d, rej, n_rej, bits, total, u, s);
+  return static_cast<int32_t>(tok < 0 ? 0 : tok);
 }
 
 // residual_mass from the kept candidates (c.live: they hold every positive p of the node).
@@ -675,7 +758,7 @@ __global__ void __launch_bounds__(kThreads) verify_sample_kernel(
     const T* __restrict__ logits, int64_t n_rows, int64_t V, const I* __restrict__ beams,
     const I* __restrict__ beam_node, int64_t W, int64_t L, const float* __restrict__ accept_u,
     const float* __restrict__ sample_u, double inv_t, int64_t top_k, double top_p, bool staged, bool bitmap, int R,
-    int64_t cap, int32_t* __restrict__ accept_len, int32_t* __restrict__ best_beam, int32_t* __restrict__ path_nodes,
+    int64_t cap, int nt, int sh, int32_t* __restrict__ accept_len, int32_t* __restrict__ best_beam, int32_t* __restrict__ path_nodes,
     int32_t* __restrict__ next_token) {
   const int64_t b = blockIdx.x;
   Smem& s = *dynamic_smem<Smem>();
@@ -686,7 +769,14 @@ __global__ void __launch_bounds__(kThreads) verify_sample_kernel(
   cand.R = R;
   cand.list = reinterpret_cast<uint64_t*>(rej + W);
   cand.key = cand.list + cap;
-  uint32_t* bits = bitmap ? reinterpret_cast<uint32_t*>(cand.key + cap) : nullptr;  // [ceil(V/32)]
+  Tiles tl;  // or, unfiltered, [nt * blockDim + blockDim + nt] tile sums in the same place
+  tl.nt = nt;
+  tl.sh = sh;
+  tl.part = reinterpret_cast<double*>(rej + W);
+  tl.tmax = tl.part + nt * blockDim.x;
+  tl.mass = tl.tmax + blockDim.x;
+  uint32_t* bits = bitmap ? reinterpret_cast<uint32_t*>(cand.key + cap + (nt > 0 ? nt * (blockDim.x + 1) + blockDim.x : 0))
+                          : nullptr;  // [ceil(V/32)]
   const T* rows = logits + b * n_rows * V;
   const I* beam = beams + b * W * L;
   const I* bn = beam_node + b * W * L;
@@ -709,7 +799,7 @@ __global__ void __launch_bounds__(kThreads) verify_sample_kernel(
   const bool root_ok = valid_node(cur);  // block-uniform, like every branch below
   int32_t tok = -1;
   if (root_ok) {
-    Dist d = visit_node(rows + cur * V, V, inv_t, top_k, top_p, cand, s);
+    Dist d = visit_node(rows + cur * V, V, inv_t, top_k, top_p, cand, tl, s);
     // sum of the node's p: 1 up to rounding (the reference's sequential sum differs by ~V ulp at
     // most; decisions are compared with a 1e-9 margin); NaN when every p is NaN
     double mass = d.nan ? bits_to_double(0x7ff8000000000000ull) : 1.0;
@@ -762,12 +852,18 @@ __global__ void __launch_bounds__(kThreads) verify_sample_kernel(
       if (threadIdx.x == 0) s.n_rej = 0;
       cur = child;
       ++a;
-      d = visit_node(rows + cur * V, V, inv_t, top_k, top_p, cand, s);  // starts with a barrier-separated pass
+      d = visit_node(rows + cur * V, V, inv_t, top_k, top_p, cand, tl, s);  // starts with a barrier-separated pass
       mass = d.nan ? bits_to_double(0x7ff8000000000000ull) : 1.0;
     }
     const float su = ld_global(sample_u + b);
-    tok = cand.live ? inverse_cdf_live(cand, V, d, rej, s.n_rej, bits, mass, su, s)
-                 : inverse_cdf(rows + cur * V, V, d, rej, s.n_rej, bits, mass, su, s);
+    if (cand.live) {
+      tok = inverse_cdf_live(cand, V, d, rej, s.n_rej, bits, mass, su, s);
+    } else if (tl.nt > 0 && !d.nan) {
+      tok = inverse_cdf_tiled(rows + cur * V, V, d, rej, s.n_rej, bits, mass, su, tl, s);
+    } else {
+      const int64_t r = inverse_cdf(rows + cur * V, V, d, rej, s.n_rej, bits, mass, su, s);
+      tok = static_cast<int32_t>(r < 0 ? 0 : r);
+    }
   }
   if (threadIdx.x != 0) return;  // no barrier follows
   int64_t best = 0;
@@ -801,11 +897,20 @@ cudaError_t launch(const void* logits, int64_t n_rows, int64_t V, const void* be
   };
   while (R > 0 && base + static_cast<size_t>(cap_of(R)) * 16 > 160 * 1024) R /= 2;
   const int64_t cap = cap_of(R);
-  const size_t smem = base + static_cast<size_t>(cap) * 16;
+  // unfiltered: the tile sums (tiles of 2^sh >= one scan step elements, at most kMaxTiles of them)
+  int nt = 0, sh = 0;
+  if (!filtered) {
+    while ((int64_t{1} << sh) < static_cast<int64_t>(threads) * (16 / static_cast<int64_t>(sizeof(T))) ||
+           (int64_t{kMaxTiles} << sh) < V)
+      ++sh;
+    nt = static_cast<int>((V + (int64_t{1} << sh) - 1) >> sh);
+    if (nt < 2 || base + static_cast<size_t>(nt * (threads + 1) + threads) * 8 > 160 * 1024) nt = 0;
+  }
+  const size_t smem = base + static_cast<size_t>(cap) * 16 + (nt > 0 ? static_cast<size_t>(nt * (threads + 1) + threads) * 8 : 0);
   return launch_kernel("verify_sample.walk", verify_sample_kernel<T, I>, dim3(static_cast<unsigned>(B)),
                        dim3(threads), smem, stream, static_cast<const T*>(logits), n_rows, V,
                        static_cast<const I*>(beams), static_cast<const I*>(beam_node), W, L, accept_u, sample_u, inv_t,
-                       top_k, top_p, staged, bitmap, R, cap, accept_len, best_beam, path_nodes, next_token);
+                       top_k, top_p, staged, bitmap, R, cap, nt, sh, accept_len, best_beam, path_nodes, next_token);
 }
 
 template <typename T>
