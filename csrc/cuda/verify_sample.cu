@@ -2,13 +2,15 @@
 // One CTA per batch row. The walk over depths is sequential and block-uniform (every thread makes
 // the same decisions from the same broadcast values); the V-wide work of each visited node is
 // block-parallel and never materialises p: one pass over the logits (16-byte loads) gives the max
-// and the sum of exp(x - max), p(v) is recomputed from the logit wherever needed (top-k by radix
-// select on the logits' order keys, top-p by a search on the probabilities' bits, when enabled). A
-// child is tried against its drafted token's p alone: the remaining mass starts at 1 and drops by
-// each rejected p(t) (summed again over the row only when the subtraction cancels > 10 bits). The
-// next token comes from an inverse-CDF scan in index order that stops at the crossing. Arithmetic
-// is float64 like the reference; only the order of the sums differs, which moves a decision only
-// when a uniform lies within ~1e-13 (relative) of its threshold.
+// and the sum of exp(x - max), and p(v) is recomputed from the logit wherever needed. With top-k /
+// top-p the same pass keeps each thread's largest logits in shared memory, where the filters are
+// cut exactly and the kept set serves the node's final sample (a multi-pass general path decides
+// when they cannot); without filters it keeps per-tile sums so that the final inverse-CDF scan
+// starts at the crossing's tile. A child is tried against its drafted token's p alone: the
+// remaining mass starts at 1 and drops by each rejected p(t) (summed again only when the
+// subtraction cancels > 10 bits). Arithmetic is float64 like the reference; only the order and
+// grouping of the sums differ, which moves a decision only when a uniform lies within ~1e-13
+// (relative) of its threshold.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -346,7 +348,7 @@ __device__ __forceinline__ void online_add(double x, double& tm, double& tz, boo
 // with top-k, one for the max and the sum of exp(x - max), and the top-p search passes with top-p.
 // The general path, taken when the one-pass filter below cannot decide.
 template <typename T>
-__device__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p, Smem& s,
+__device__ __noinline__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p, Smem& s,
                           const Tiles& tl) {
   Dist d;
   d.inv_t = inv_t;
@@ -451,7 +453,7 @@ __device__ __forceinline__ int64_t pow2_at_least(int64_t n) {
 
 // The one-pass filter of a node (above); false when the general path must decide (block-uniform).
 template <typename T>
-__device__ bool node_dist_onepass(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p,
+__device__ __noinline__ bool node_dist_onepass(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p,
                                   Cand& c, Smem& s, Dist& d) {
   const int64_t bd = blockDim.x, t = threadIdx.x;
   const int R = c.R;
@@ -626,7 +628,7 @@ __device__ double residual_mass(const T* __restrict__ row, int64_t V, const Dist
 // From element `start` with the mass before it `carry` (0, 0: the whole row); -1 when no p in
 // [start, V) is positive and the crossing was not found.
 template <typename T>
-__device__ int64_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
+__device__ __noinline__ int64_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
                                const uint32_t* bits, double total, float u, Smem& s, int64_t start = 0,
                                double carry = 0.0) {
   constexpr int E = 16 / static_cast<int>(sizeof(T));
@@ -674,7 +676,7 @@ __device__ int64_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist&
 // sums rescaled to the max, over z, less the rejected p) locate the crossing's tile, and the row
 // is scanned from there with their sum as the carry (the whole row when no positive p follows).
 template <typename T>
-__device__ int32_t inverse_cdf_tiled(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej,
+__device__ __noinline__ int32_t inverse_cdf_tiled(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej,
                                      int n_rej, const uint32_t* bits, double total, float u, const Tiles& tl,
                                      Smem& s) {
   const double tmx = tl.tmax[threadIdx.x];
@@ -710,7 +712,7 @@ __device__ double residual_mass_live(const Cand& c, const Dist& d, const int64_t
 
 // inverse_cdf over the kept candidates (c.live), re-sorted by index: the same positive p in the
 // same order as the row scan, without reading the row again.
-__device__ int32_t inverse_cdf_live(Cand& c, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
+__device__ __noinline__ int32_t inverse_cdf_live(Cand& c, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
                                     const uint32_t* bits, double total, float u, Smem& s) {
   const int64_t n = c.n_live, n_pad = pow2_at_least(n);
   for (int64_t i = threadIdx.x; i < n_pad; i += blockDim.x) {
