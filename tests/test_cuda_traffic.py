@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cuda_emulated import SEEDS, check_sample, run_sample, sample_case
+from test_cuda_emulated import SANITIZE, SEEDS, check_sample, run_sample, sample_case
 
 sys.path.insert(0, str(Path(__file__).parent / "emu"))
 import emu_build  # noqa: E402
@@ -18,7 +18,7 @@ import emu_build  # noqa: E402
 
 @pytest.fixture(scope="module")
 def emu():
-    m = emu_build.build()
+    m = emu_build.build(sanitize=SANITIZE)  # REDRAFTER_EMU_SANITIZE=1: the ASan+UBSan build
     yield m
     m.verify_sample_set_list_slots(-1)
 
