@@ -18,7 +18,8 @@ beam_topk: the logits, scores, tokens and state in, scores, tokens, state and pa
 Shapes too large to emulate whole are sampled: only every k-th block (by blockIdx.x) runs and its
 bytes are scaled by the launch's blocks / blocks run (``sample`` column). Inputs with more than
 ``--max-random-mb`` of logits are zeros (lazily allocated; the values only change the few bytes of
-the acceptance walk). Usage: ``python bench/traffic.py [--op beam_topk] [--quick]``.
+the acceptance walk), except verify_sample's rows whose blocks run, which get random values (its
+top-k / top-p cannot cut a flat row in one pass). Usage: ``python bench/traffic.py [--op beam_topk] [--quick]``.
 """
 
 from __future__ import annotations
@@ -177,6 +178,12 @@ def run_verify_sample(emu, B, W, L, V, dt, setting, rng, args):
     outs = (np.zeros(B, np.int32), np.zeros(B, np.int32), np.zeros((B, L), np.int32), np.zeros(B, np.int32))
     ws = np.zeros(B * V, np.float64)
     stride = stride_for(B * V * L * 4)  # a few passes per visited node
+    if B * N * V * ESIZE[dt] > args.max_random_mb * 1e6:
+        # zero logits are flat rows, which top-k / top-p cannot cut in one pass: random values in
+        # the batch rows whose blocks run, sampled sparsely enough to stay within --max-random-mb
+        stride = max(stride, math.ceil(B * N * V * ESIZE[dt] / (args.max_random_mb * 1e6)))
+        for b in range(0, B, stride):
+            logits[b] = verify_inputs(1, W, L, V, dt, rng, args)[0][0]
     emu.traffic_start(stride)
     emu.verify_sample(logits, KIND16[dt], beams, beam_node, au, su, t, k, p, *outs, ws)
     launches, sizes = emu.traffic_stop()

@@ -84,6 +84,12 @@ cudaError_t kv_compact_paged(void* kv_pages, int64_t n_layers, int64_t num_block
 namespace redrafter::cuda {
 size_t verify_sample_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, int64_t W, FloatType logits_type,
                                      double temperature);
+// For tests and benchmarks: verify_sample's one-pass filter keeps `slots` candidates per thread
+// (-1: the default, 0: never run it, always the general multi-pass path); and the visited filtered
+// nodes that took the general path since the last call (the emulator counts them; -1 under nvcc).
+// Not thread safe; the launchers never call them.
+void verify_sample_set_list_slots(int slots);
+int64_t verify_sample_general_nodes();
 cudaError_t verify_sample(const void* logits, FloatType logits_type, int64_t n_logit_rows, int64_t V,
                           const void* beams, const void* beam_node, IndexType index_type, int64_t B, int64_t W,
                           int64_t L, const float* accept_u, const float* sample_u, double temperature, int64_t top_k,

@@ -30,8 +30,10 @@ struct Plan {
   int64_t S, chunk;  // splits per row, elements per split (a multiple of 8)
 };
 
-inline Plan make_plan(int64_t rows, int64_t V, int64_t elem_bytes) {
-  const int64_t min_chunk = kMinChunkBytes / elem_bytes;
+// Splits of a row of V elements so that rows * S reaches kTargetCtas CTAs, each split at least
+// min_bytes and a multiple of 8 elements (16-byte loads); both strategies size their grids so.
+inline Plan split_plan(int64_t rows, int64_t V, int64_t elem_bytes, int64_t min_bytes) {
+  const int64_t min_chunk = min_bytes / elem_bytes;
   int64_t S = (kTargetCtas + rows - 1) / rows;
   const int64_t max_s = (V + min_chunk - 1) / min_chunk;
   S = S < max_s ? S : max_s;
@@ -39,6 +41,10 @@ inline Plan make_plan(int64_t rows, int64_t V, int64_t elem_bytes) {
   int64_t chunk = (V + S - 1) / S;
   chunk = (chunk + 7) / 8 * 8;
   return {(V + chunk - 1) / chunk, chunk};
+}
+
+inline Plan make_plan(int64_t rows, int64_t V, int64_t elem_bytes) {
+  return split_plan(rows, V, elem_bytes, kMinChunkBytes);
 }
 
 __device__ __forceinline__ uint64_t pack(float x, int64_t i) {
@@ -164,14 +170,8 @@ struct Lazy {
 };
 
 inline Lazy make_lazy(int64_t B, int64_t W, int64_t V, int64_t elem_bytes, void* ws) {
-  const int64_t min_chunk = kMinLazyChunkBytes / elem_bytes;
-  int64_t S = (kTargetCtas + B - 1) / B;
-  const int64_t max_s = (V + min_chunk - 1) / min_chunk;
-  S = S < max_s ? S : max_s;
-  S = S < 1 ? 1 : S;
-  int64_t chunk = (V + S - 1) / S;
-  chunk = (chunk + 7) / 8 * 8;
-  Lazy z{(V + chunk - 1) / chunk, chunk, nullptr, nullptr, nullptr, nullptr, nullptr};
+  const Plan p = split_plan(B, V, elem_bytes, kMinLazyChunkBytes);
+  Lazy z{p.S, p.chunk, nullptr, nullptr, nullptr, nullptr, nullptr};
   char* c = static_cast<char*>(ws);
   z.keys = reinterpret_cast<uint64_t*>(c);
   c = c ? c + B * W * z.S * 8 : nullptr;

@@ -2,13 +2,15 @@
 // One CTA per batch row. The walk over depths is sequential and block-uniform (every thread makes
 // the same decisions from the same broadcast values); the V-wide work of each visited node is
 // block-parallel and never materialises p: one pass over the logits (16-byte loads) gives the max
-// and the sum of exp(x - max), p(v) is recomputed from the logit wherever needed (top-k by radix
-// select on the logits' order keys, top-p by a search on the probabilities' bits, when enabled). A
-// child is tried against its drafted token's p alone: the remaining mass starts at 1 and drops by
-// each rejected p(t) (summed again over the row only when the subtraction cancels > 10 bits). The
-// next token comes from an inverse-CDF scan in index order that stops at the crossing. Arithmetic
-// is float64 like the reference; only the order of the sums differs, which moves a decision only
-// when a uniform lies within ~1e-13 (relative) of its threshold.
+// and the sum of exp(x - max), and p(v) is recomputed from the logit wherever needed. With top-k /
+// top-p the same pass keeps each thread's largest logits in shared memory, where the filters are
+// cut exactly and the kept set serves the node's final sample (a multi-pass general path decides
+// when they cannot); without filters it keeps per-tile sums so that the final inverse-CDF scan
+// starts at the crossing's tile. A child is tried against its drafted token's p alone: the
+// remaining mass starts at 1 and drops by each rejected p(t) (summed again only when the
+// subtraction cancels > 10 bits). Arithmetic is float64 like the reference; only the order and
+// grouping of the sums differ, which moves a decision only when a uniform lies within ~1e-13
+// (relative) of its threshold.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -131,11 +133,11 @@ __device__ double block_exclusive_scan(double v, Smem& s, double* total) {
   return before + excl;
 }
 
-// This thread's contiguous chunk [lo, hi) of [0, V) (index-order scans).
-__device__ __forceinline__ void chunk_of(int64_t V, int64_t* lo, int64_t* hi) {
-  const int64_t n = (V + blockDim.x - 1) / blockDim.x;
-  *lo = threadIdx.x * n < V ? threadIdx.x * n : V;
-  *hi = *lo + n < V ? *lo + n : V;
+// This thread's contiguous chunk [lo, hi) of [0, n) (index-order scans).
+__device__ __forceinline__ void chunk_of(int64_t n, int64_t* lo, int64_t* hi) {
+  const int64_t per = (n + blockDim.x - 1) / blockDim.x;
+  *lo = threadIdx.x * per < n ? threadIdx.x * per : n;
+  *hi = *lo + per < n ? *lo + per : n;
 }
 
 // The k-th largest order_key of the row (1 <= k <= V; NaN ranks above everything, as in
@@ -175,6 +177,31 @@ struct Dist {
   int64_t cut = 0;
   double z2 = 1.0;
 };
+
+// Per-tile sums of an unfiltered node's pass, so that its final sample re-reads one tile of the row
+// instead of the row up to the crossing. Tile j holds the elements i with (i - vlo) >> sh == j
+// (vlo: the row's first 16-byte boundary; the head goes to tile 0, the rest past nt to the last).
+struct Tiles {
+  double* part = nullptr;  // [nt * blockDim]: thread t's sum of exp(x - tmax[t]) over tile j at j * blockDim + t
+  double* tmax = nullptr;  // [blockDim] each thread's running max at the end of the pass
+  double* mass = nullptr;  // [nt] tile masses in p units at the stop node
+  int nt = 0;              // 0: not recorded
+  int sh = 0;
+};
+
+template <typename T>
+__device__ __forceinline__ int64_t row_head(const T* row, int64_t V) {  // as block_for_each's head
+  constexpr int64_t E = 16 / static_cast<int64_t>(sizeof(T));
+  const int64_t mis = static_cast<int64_t>((reinterpret_cast<uintptr_t>(row) & 15u) / sizeof(T));
+  const int64_t head = mis == 0 ? 0 : E - mis;
+  return head < V ? head : V;
+}
+
+__device__ __forceinline__ int tile_of(const Tiles& tl, int64_t i, int64_t vlo) {
+  if (i < vlo) return 0;
+  const int64_t j = (i - vlo) >> tl.sh;
+  return j < tl.nt ? static_cast<int>(j) : tl.nt - 1;
+}
 
 // p before top-p (step 3 of reference.sampling_probs)
 __device__ __forceinline__ double base_prob(const Dist& d, float logit) {
@@ -286,11 +313,43 @@ __device__ void top_p_filter(const T* __restrict__ row, int64_t V, double top_p,
   d.filt = true;
 }
 
-// reference.sampling_probs of one logits row, as a Dist: one pass for the max and the sum of
-// exp(x - max) (online: per thread, rescaled to the block max), plus 4 radix passes with top-k and
-// the top-p search passes with top-p.
+// Block max of the per-thread maxima tm (no NaN among them) and the sum of the per-thread sums tz
+// of exp(x - tm) rescaled to it; nan: some thread saw a kept NaN. Every thread must call it.
+__device__ void finish_max_sum(double tm, double tz, bool any_nan, Smem& s, double* m_out, double* z_out,
+                               bool* nan_out) {
+  double m = tm;
+  for (int off = 16; off > 0; off >>= 1) {
+    const double o = __shfl_xor_sync(kFullMask, m, off);
+    m = o > m ? o : m;
+  }
+  if (lane_id() == 0) s.red[threadIdx.x >> 5] = m;
+  *nan_out = __syncthreads_or(any_nan);
+  m = -inf_d();
+  for (unsigned w = 0; w < (blockDim.x >> 5); ++w) m = s.red[w] > m ? s.red[w] : m;
+  __syncthreads();
+  *z_out = block_sum(tm > -inf_d() && m < inf_d() ? tz * exp(sub_rn(tm, m)) : 0.0, s);
+  *m_out = m;
+}
+
+// Online max / sum of exp(x - max) of one thread: the running max tm of the x seen and the sum tz
+// of exp(x - tm), rescaled when tm grows.
+__device__ __forceinline__ void online_add(double x, double& tm, double& tz, bool& any_nan) {
+  if (isnan_d(x)) {
+    any_nan = true;
+  } else if (x > tm) {
+    tz = (tm == -inf_d() ? 0.0 : tz * exp(sub_rn(tm, x))) + 1.0;
+    tm = x;
+  } else if (x > -inf_d()) {
+    tz += exp(sub_rn(x, tm));
+  }
+}
+
+// reference.sampling_probs of one logits row, as a Dist, by passes over the row: 4 radix passes
+// with top-k, one for the max and the sum of exp(x - max), and the top-p search passes with top-p.
+// The general path, taken when the one-pass filter below cannot decide.
 template <typename T>
-__device__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p, Smem& s) {
+__device__ __noinline__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p, Smem& s,
+                          const Tiles& tl) {
   Dist d;
   d.inv_t = inv_t;
   d.topk = top_k > 0 && top_k < V;
@@ -300,37 +359,248 @@ __device__ Dist node_dist(const T* __restrict__ row, int64_t V, double inv_t, in
   const Dist& cd = d;
   double tm = -inf_d(), tz = 0.0;  // this thread's running max of the kept x and sum of exp(x - tm)
   bool any_nan = false;
-  block_for_each(row, 0, V, [&](int64_t, float logit) {
-    const double x = mul_rn(static_cast<double>(logit), cd.inv_t);
-    if (cd.topk && !(x >= cd.thr_x)) {
-      // removed by top-k (a NaN too): x = -inf, e = 0
-    } else if (isnan_d(x)) {
-      any_nan = true;
-    } else if (x > tm) {
-      tz = (tm == -inf_d() ? 0.0 : tz * exp(sub_rn(tm, x))) + 1.0;
-      tm = x;
-    } else if (x > -inf_d()) {
-      tz += exp(sub_rn(x, tm));
-    }
-  });
-  // block max of the kept x (no NaN reaches tm), then the sum rescaled to it
-  double m = tm;
-  for (int off = 16; off > 0; off >>= 1) {
-    const double o = __shfl_xor_sync(kFullMask, m, off);
-    m = o > m ? o : m;
+  if (tl.nt > 0) {  // unfiltered: the same sums, and each tile's share of this thread's
+    double* mine = tl.part + threadIdx.x;
+    for (int j = 0; j < tl.nt; ++j) mine[j * blockDim.x] = 0.0;
+    const int64_t vlo = row_head(row, V);
+    block_for_each(row, 0, V, [&](int64_t i, float logit) {
+      const double x = mul_rn(static_cast<double>(logit), cd.inv_t);
+      double* slot = mine + tile_of(tl, i, vlo) * blockDim.x;
+      if (isnan_d(x)) {
+        any_nan = true;
+      } else if (x > tm) {
+        if (tm == -inf_d()) {
+          tz = 1.0;
+        } else {
+          const double r = exp(sub_rn(tm, x));
+          tz = tz * r + 1.0;
+          for (int j = 0; j < tl.nt; ++j) mine[j * blockDim.x] *= r;
+        }
+        *slot += 1.0;
+        tm = x;
+      } else if (x > -inf_d()) {
+        const double e = exp(sub_rn(x, tm));
+        tz += e;
+        *slot += e;
+      }
+    });
+    tl.tmax[threadIdx.x] = tm;
+  } else {
+    block_for_each(row, 0, V, [&](int64_t, float logit) {
+      const double x = mul_rn(static_cast<double>(logit), cd.inv_t);
+      if (!(cd.topk && !(x >= cd.thr_x))) online_add(x, tm, tz, any_nan);  // top-k removes a NaN too
+    });
   }
-  if (lane_id() == 0) s.red[threadIdx.x >> 5] = m;
-  const bool nan = __syncthreads_or(any_nan);
-  m = -inf_d();
-  for (unsigned w = 0; w < (blockDim.x >> 5); ++w) m = s.red[w] > m ? s.red[w] : m;
-  __syncthreads();
-  const double z = block_sum(tm > -inf_d() && m < inf_d() ? tz * exp(sub_rn(tm, m)) : 0.0, s);
-  d.m = m;
-  d.z = z;
+  bool nan = false;
+  finish_max_sum(tm, tz, any_nan, s, &d.m, &d.z, &nan);
   // NaN logit, +inf (inf - inf), all removed or -inf (-inf - -inf): every p is NaN in the reference
-  d.nan = nan || !(m > -inf_d() && m < inf_d()) || isnan_d(d.thr_x);
+  d.nan = nan || !(d.m > -inf_d() && d.m < inf_d()) || isnan_d(d.thr_x);
   if (top_p < 1.0 && !d.nan) top_p_filter(row, V, top_p, d, s);
   return d;
+}
+
+// ---- one-pass filter: the node's row is read once; top-k / top-p are decided in shared memory ----
+// During the max / sum pass each thread keeps its R largest (order key, index) pairs in shared
+// memory. Every element whose key exceeds tk (the largest list minimum of the threads that dropped
+// one) is then in some list: those candidates are compacted and sorted by (key desc, index asc),
+// which is the reference's (p desc, index asc) order wherever p differs between keys. Top-k and
+// top-p are cut there exactly; the kept set stays in shared memory for the node's residual mass
+// and its final sample. The general path runs instead (counted) when the cut may lie outside the
+// candidates or a p tie spans two keys at the cut.
+
+constexpr int kListSlots = 8;  // R: per-thread list length
+constexpr int kMaxTiles = 16;  // unfiltered: the final sample re-reads 1/16 of the stop node's row or less
+
+struct Cand {
+  uint64_t* list = nullptr;  // [R * blockDim]: slot j of thread t at j * blockDim + t; then p of `key`
+  uint64_t* key = nullptr;   // [cap] candidates (key << 32 | ~index), sorted descending
+  int R = 0;
+  int64_t n_live = 0;  // key[0, n_live) hold every positive p of the current node (when `live`)
+  bool live = false;
+};
+
+__device__ __forceinline__ uint64_t cand_key(uint32_t key, int64_t i) {
+  return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
+}
+__device__ __forceinline__ uint32_t cand_order(uint64_t c) { return static_cast<uint32_t>(c >> 32); }
+__device__ __forceinline__ int64_t cand_index(uint64_t c) { return 0xffffffffu - static_cast<uint32_t>(c); }
+
+// Sorts a[0, n) descending, n a power of two (bitonic network); every thread calls it after a
+// barrier that published a; it ends with a barrier.
+__device__ void bitonic_sort_desc(uint64_t* a, int64_t n) {
+  for (int64_t k = 2; k <= n; k <<= 1) {
+    for (int64_t j = k >> 1; j > 0; j >>= 1) {
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const int64_t l = i ^ j;
+        if (l > i) {
+          const uint64_t x = a[i], y = a[l];
+          if (((i & k) == 0) == (x < y)) {
+            a[i] = y;
+            a[l] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+__device__ __forceinline__ int64_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// The one-pass filter of a node (above); false when the general path must decide (block-uniform).
+template <typename T>
+__device__ __noinline__ bool node_dist_onepass(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p,
+                                  Cand& c, Smem& s, Dist& d) {
+  const int64_t bd = blockDim.x, t = threadIdx.x;
+  const int R = c.R;
+  double tm = -inf_d(), tz = 0.0;
+  bool any_nan = false, dropped = false;
+  int n_in = 0, lpos = 0;
+  uint64_t lmin = 0;  // the list's smallest pair, at slot lpos
+  block_for_each(row, 0, V, [&](int64_t i, float logit) {
+    online_add(mul_rn(static_cast<double>(logit), inv_t), tm, tz, any_nan);
+    const uint64_t ck = cand_key(order_key(logit), i);
+    if (n_in < R) {
+      c.list[n_in * bd + t] = ck;
+      if (n_in == 0 || ck < lmin) {
+        lmin = ck;
+        lpos = n_in;
+      }
+      ++n_in;
+    } else {
+      dropped = true;  // ck or the evicted pair: below the final lmin
+      if (ck > lmin) {
+        c.list[lpos * bd + t] = ck;
+        lmin = ck;
+        for (int j = 0; j < R; ++j) {
+          const uint64_t o = c.list[j * bd + t];
+          if (o < lmin) {
+            lmin = o;
+            lpos = j;
+          }
+        }
+      }
+    }
+  });
+  double m = 0.0, z = 1.0;
+  bool nan = false;
+  finish_max_sum(tm, tz, any_nan, s, &m, &z, &nan);
+  // every element with an order key > tk is in a list (tk = -1: every element is)
+  const int64_t tk = block_reduce<IntOp::kMax>(dropped ? static_cast<int64_t>(cand_order(lmin)) : -1, s);
+  int mine = 0, n_c = 0;
+  for (int j = 0; j < n_in; ++j) mine += static_cast<int64_t>(cand_order(c.list[j * bd + t])) > tk;
+  int at = block_prefix_sum(mine, s.cnt, &n_c);
+  if (n_c == 0) return false;  // the list minimum ties the row's largest key (a flat row)
+  for (int j = 0; j < n_in; ++j) {
+    const uint64_t ck = c.list[j * bd + t];
+    if (static_cast<int64_t>(cand_order(ck)) > tk) c.key[at++] = ck;
+  }
+  const int64_t n_pad = pow2_at_least(n_c);
+  for (int64_t i = n_c + t; i < n_pad; i += bd) c.key[i] = 0;
+  __syncthreads();
+  bitonic_sort_desc(c.key, n_pad);
+
+  d.inv_t = inv_t;
+  d.topk = top_k > 0 && top_k < V;
+  if (d.topk) {
+    if (n_c < top_k) return false;
+    d.thr_x = mul_rn(static_cast<double>(key_to_float(cand_order(c.key[top_k - 1]))), inv_t);
+  }
+  d.m = m;
+  // as node_dist: top-k removes NaN logits (x >= thr_x fails), so only its threshold can be NaN
+  d.nan = (d.topk ? isnan_d(d.thr_x) : nan) || !(m > -inf_d() && m < inf_d());
+  if (d.topk && !d.nan) {  // Z over the kept x, every one of them a candidate
+    double part = 0.0;
+    for (int64_t i = t; i < n_c; i += bd) {
+      const double x = mul_rn(static_cast<double>(key_to_float(cand_order(c.key[i]))), inv_t);
+      part += x >= d.thr_x ? exp(sub_rn(x, m)) : 0.0;
+    }
+    z = block_sum(part, s);
+  }
+  d.z = z;
+  const bool covers = d.topk || tk < 0;  // the candidates hold every positive p
+  c.n_live = n_c;
+  if (top_p < 1.0 && !d.nan) {
+    // p in sorted order is non-increasing, unless a NaN (p = 0 under top-k) sorts first
+    if (cand_order(c.key[0]) == 0xffffffffu) return false;
+    double* cp = reinterpret_cast<double*>(c.list);
+    int64_t lo, hi;
+    chunk_of(n_c, &lo, &hi);
+    double local = 0.0;
+    for (int64_t i = lo; i < hi; ++i) {
+      cp[i] = base_prob(d, key_to_float(cand_order(c.key[i])));
+      local += cp[i];
+    }
+    double total = 0.0;
+    double e = block_exclusive_scan(local, s, &total);
+    int64_t first = n_c;  // the first position whose exclusive mass reaches top_p
+    for (int64_t i = lo; i < hi && first == n_c; ++i) {
+      if (e >= top_p) first = i;
+      e = add_rn(e, cp[i]);
+    }
+    const int64_t j = block_reduce<IntOp::kMin>(first, s);  // >= 1: position 0 has mass 0 < top_p
+    if (j == n_c && !covers) return false;  // the cut may lie past the candidates
+    const double tau = cp[j - 1];
+    // a dropped token (key <= tk) may tie the smallest kept p
+    if (!covers && !(tau > base_prob(d, key_to_float(static_cast<uint32_t>(tk))))) return false;
+    uint64_t tau_key = 0;  // 0: every positive p kept
+    int64_t cut = V;
+    if (j < n_c && tau > 0.0) {
+      tau_key = prob_key(tau);
+      if (cp[j] == tau) {
+        // ties across the cut keep the lowest indices: right when the tied run is one order key
+        int64_t r0 = V, r1 = -1;
+        for (int64_t i = lo; i < hi; ++i) {
+          if (cp[i] == tau) {
+            r0 = i < r0 ? i : r0;
+            r1 = i;
+          }
+        }
+        r0 = block_reduce<IntOp::kMin>(r0, s);
+        r1 = block_reduce<IntOp::kMax>(r1, s);
+        if (cand_order(c.key[r0]) != cand_order(c.key[r1])) return false;
+        cut = cand_index(c.key[j - 1]);
+      }
+    }
+    d.tau = tau_key;
+    d.cut = cut;
+    double part = 0.0;
+    for (int64_t i = lo; i < hi; ++i) {
+      const uint64_t k = prob_key(cp[i]);
+      part += (k > tau_key || (k == tau_key && cand_index(c.key[i]) <= cut)) ? cp[i] : 0.0;
+    }
+    d.z2 = block_sum(part, s);
+    d.filt = true;
+    c.n_live = tau_key > 0 ? j : n_c;
+  }
+  c.live = !d.nan;  // a NaN row: every p is NaN, the row scans handle it
+  return true;
+}
+
+#ifdef REDRAFTER_EMULATE
+int64_t g_general_nodes = 0;  // visited filtered nodes that took the general path (emulator only)
+#endif
+int g_list_slots = -1;        // verify_sample_set_list_slots: -1 default, 0 never the one-pass filter
+
+// A visited node's Dist: the one-pass filter when a filter is on and the lists fit, else (or when
+// it cannot decide) the general path.
+template <typename T>
+__device__ Dist visit_node(const T* __restrict__ row, int64_t V, double inv_t, int64_t top_k, double top_p, Cand& c,
+                           const Tiles& tl, Smem& s) {
+  c.live = false;
+  if (c.R > 0) {
+    Dist d;
+    if (node_dist_onepass(row, V, inv_t, top_k, top_p, c, s, d)) return d;
+#ifdef REDRAFTER_EMULATE
+    if (threadIdx.x == 0) ++g_general_nodes;
+#endif
+    c.live = false;
+  }
+  return node_dist(row, V, inv_t, top_k, top_p, s, tl);
 }
 
 __device__ __forceinline__ bool rejected(const int64_t* rej, int n_rej, const uint32_t* bits, int64_t v) {
@@ -355,15 +625,17 @@ __device__ double residual_mass(const T* __restrict__ row, int64_t V, const Dist
 // Tiles of blockDim * E elements in index order, E per thread (one 16-byte word when aligned):
 // sequential sums within a thread's E, a block scan across threads, a carry across tiles; stops
 // at the tile holding the crossing.
+// From element `start` with the mass before it `carry` (0, 0: the whole row); -1 when no p in
+// [start, V) is positive and the crossing was not found.
 template <typename T>
-__device__ int32_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
-                               const uint32_t* bits, double total, float u, Smem& s) {
+__device__ __noinline__ int64_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
+                               const uint32_t* bits, double total, float u, Smem& s, int64_t start = 0,
+                               double carry = 0.0) {
   constexpr int E = 16 / static_cast<int>(sizeof(T));
-  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+  const bool vec = (reinterpret_cast<uintptr_t>(row + start) & 15u) == 0;
   const double thr = mul_rn(static_cast<double>(u), total);
-  double carry = 0.0;
   int64_t last = -1, first = V;
-  for (int64_t t0 = 0; t0 < V; t0 += static_cast<int64_t>(blockDim.x) * E) {
+  for (int64_t t0 = start; t0 < V; t0 += static_cast<int64_t>(blockDim.x) * E) {
     const int64_t i0 = t0 + static_cast<int64_t>(threadIdx.x) * E;
     float x[E];
     if (vec && i0 + E <= V) {
@@ -396,7 +668,89 @@ __device__ int32_t inverse_cdf(const T* __restrict__ row, int64_t V, const Dist&
     if (first < V) break;  // block-uniform
     carry = add_rn(carry, tile);
   }
-  if (first < V) return static_cast<int32_t>(first);  // a positive p: at most the last positive index
+  if (first < V) return first;  // a positive p: at most the last positive index
+  return block_reduce<IntOp::kMax>(last, s);
+}
+
+// inverse_cdf at an unfiltered stop node with tile sums: the tile masses (the pass's per-thread
+// sums rescaled to the max, over z, less the rejected p) locate the crossing's tile, and the row
+// is scanned from there with their sum as the carry (the whole row when no positive p follows).
+template <typename T>
+__device__ __noinline__ int32_t inverse_cdf_tiled(const T* __restrict__ row, int64_t V, const Dist& d, const int64_t* rej,
+                                     int n_rej, const uint32_t* bits, double total, float u, const Tiles& tl,
+                                     Smem& s) {
+  const double tmx = tl.tmax[threadIdx.x];
+  const double sc = tmx > -inf_d() ? exp(sub_rn(tmx, d.m)) : 0.0;
+  for (int j = 0; j < tl.nt; ++j) {
+    const double mj = block_sum(tl.part[j * blockDim.x + threadIdx.x] * sc, s);
+    if (threadIdx.x == 0) tl.mass[j] = mj / d.z;
+  }
+  const int64_t vlo = row_head(row, V);
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < n_rej; ++r) tl.mass[tile_of(tl, rej[r], vlo)] -= prob(d, to_float(ld_global(row + rej[r])), rej[r]);
+  }
+  __syncthreads();
+  const double thr = mul_rn(static_cast<double>(u), total);
+  int js = 0;
+  double carry = 0.0;
+  while (js + 1 < tl.nt && add_rn(carry, tl.mass[js]) <= thr) carry = add_rn(carry, tl.mass[js++]);
+  int64_t tok = inverse_cdf(row, V, d, rej, n_rej, bits, total, u, s, js == 0 ? 0 : vlo + (int64_t{js} << tl.sh), carry);
+  if (tok < 0 && js > 0) tok = inverse_cdf(row, V, d, rej, n_rej, bits, total, u, s);
+  return static_cast<int32_t>(tok < 0 ? 0 : tok);
+}
+
+// residual_mass from the kept candidates (c.live: they hold every positive p of the node).
+__device__ double residual_mass_live(const Cand& c, const Dist& d, const int64_t* rej, int n_rej, const uint32_t* bits,
+                                     Smem& s) {
+  double part = 0.0;
+  for (int64_t i = threadIdx.x; i < c.n_live; i += blockDim.x) {
+    const int64_t v = cand_index(c.key[i]);
+    part += rejected(rej, n_rej, bits, v) ? 0.0 : prob(d, key_to_float(cand_order(c.key[i])), v);
+  }
+  return block_sum(part, s);
+}
+
+// inverse_cdf over the kept candidates (c.live), re-sorted by index: the same positive p in the
+// same order as the row scan, without reading the row again.
+__device__ __noinline__ int32_t inverse_cdf_live(Cand& c, int64_t V, const Dist& d, const int64_t* rej, int n_rej,
+                                    const uint32_t* bits, double total, float u, Smem& s) {
+  const int64_t n = c.n_live, n_pad = pow2_at_least(n);
+  for (int64_t i = threadIdx.x; i < n_pad; i += blockDim.x) {
+    const uint64_t k = c.key[i];
+    c.key[i] = i < n ? (k << 32) | (k >> 32) : 0;  // (~index << 32 | key): descending is index order
+  }
+  __syncthreads();
+  bitonic_sort_desc(c.key, n_pad);
+  auto index_at = [&](int64_t i) { return static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(c.key[i] >> 32)); };
+  auto p_at = [&](int64_t i, int64_t v) {
+    return rejected(rej, n_rej, bits, v) ? 0.0 : prob(d, key_to_float(static_cast<uint32_t>(c.key[i])), v);
+  };
+  const double thr = mul_rn(static_cast<double>(u), total);
+  int64_t lo, hi;
+  chunk_of(n, &lo, &hi);
+  double local = 0.0;
+  int64_t last = -1;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t v = index_at(i);
+    const double p = p_at(i, v);
+    local += p;
+    if (p > 0.0) last = v;
+  }
+  double all = 0.0;
+  const double start = block_exclusive_scan(local, s, &all);
+  int64_t found = V;
+  double run = 0.0;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t v = index_at(i);
+    const double p = p_at(i, v);
+    run += p;
+    if (p > 0.0 && add_rn(start, run) > thr) {
+      found = v;
+      break;
+    }
+  }
+  const int64_t first = block_reduce<IntOp::kMin>(found, s);
+  if (first < V) return static_cast<int32_t>(first);
   const int64_t lp = block_reduce<IntOp::kMax>(last, s);
   return static_cast<int32_t>(lp < 0 ? 0 : lp);
 }
@@ -405,15 +759,26 @@ template <typename T, typename I>
 __global__ void __launch_bounds__(kThreads) verify_sample_kernel(
     const T* __restrict__ logits, int64_t n_rows, int64_t V, const I* __restrict__ beams,
     const I* __restrict__ beam_node, int64_t W, int64_t L, const float* __restrict__ accept_u,
-    const float* __restrict__ sample_u, double inv_t, int64_t top_k, double top_p, bool staged, bool bitmap,
-    int32_t* __restrict__ accept_len, int32_t* __restrict__ best_beam, int32_t* __restrict__ path_nodes,
+    const float* __restrict__ sample_u, double inv_t, int64_t top_k, double top_p, bool staged, bool bitmap, int R,
+    int64_t cap, int nt, int sh, int32_t* __restrict__ accept_len, int32_t* __restrict__ best_beam, int32_t* __restrict__ path_nodes,
     int32_t* __restrict__ next_token) {
   const int64_t b = blockIdx.x;
   Smem& s = *dynamic_smem<Smem>();
   int64_t* s_nodes = reinterpret_cast<int64_t*>(&s + 1);  // [W*L] when staged
   int64_t* s_toks = s_nodes + (staged ? W * L : 0);        // [W*L] when staged
   int64_t* rej = s_toks + (staged ? W * L : 0);            // [W] rejected tokens of the current node
-  uint32_t* bits = bitmap ? reinterpret_cast<uint32_t*>(rej + W) : nullptr;  // [ceil(V/32)]
+  Cand cand;  // [cap] lists then [cap] candidates, when the one-pass filter runs (R > 0)
+  cand.R = R;
+  cand.list = reinterpret_cast<uint64_t*>(rej + W);
+  cand.key = cand.list + cap;
+  Tiles tl;  // or, unfiltered, [nt * blockDim + blockDim + nt] tile sums in the same place
+  tl.nt = nt;
+  tl.sh = sh;
+  tl.part = reinterpret_cast<double*>(rej + W);
+  tl.tmax = tl.part + nt * blockDim.x;
+  tl.mass = tl.tmax + blockDim.x;
+  uint32_t* bits = bitmap ? reinterpret_cast<uint32_t*>(cand.key + cap + (nt > 0 ? nt * (blockDim.x + 1) + blockDim.x : 0))
+                          : nullptr;  // [ceil(V/32)]
   const T* rows = logits + b * n_rows * V;
   const I* beam = beams + b * W * L;
   const I* bn = beam_node + b * W * L;
@@ -436,7 +801,7 @@ __global__ void __launch_bounds__(kThreads) verify_sample_kernel(
   const bool root_ok = valid_node(cur);  // block-uniform, like every branch below
   int32_t tok = -1;
   if (root_ok) {
-    Dist d = node_dist(rows + cur * V, V, inv_t, top_k, top_p, s);
+    Dist d = visit_node(rows + cur * V, V, inv_t, top_k, top_p, cand, tl, s);
     // sum of the node's p: 1 up to rounding (the reference's sequential sum differs by ~V ulp at
     // most; decisions are compared with a 1e-9 margin); NaN when every p is NaN
     double mass = d.nan ? bits_to_double(0x7ff8000000000000ull) : 1.0;
@@ -472,8 +837,12 @@ __global__ void __launch_bounds__(kThreads) verify_sample_kernel(
           }
           __syncthreads();
           const double left = sub_rn(mass, pt);
-          mass = left >= mass * (1.0 / 1024) ? left
-                                             : residual_mass(rows + cur * V, V, d, rej, s.n_rej, bits, s);
+          if (left >= mass * (1.0 / 1024)) {
+            mass = left;
+          } else {
+            mass = cand.live ? residual_mass_live(cand, d, rej, s.n_rej, bits, s)
+                          : residual_mass(rows + cur * V, V, d, rej, s.n_rej, bits, s);
+          }
         }
       }
       if (child < 0) break;  // every child rejected: sample from the residual
@@ -485,10 +854,18 @@ __global__ void __launch_bounds__(kThreads) verify_sample_kernel(
       if (threadIdx.x == 0) s.n_rej = 0;
       cur = child;
       ++a;
-      d = node_dist(rows + cur * V, V, inv_t, top_k, top_p, s);  // starts with a barrier-separated pass
+      d = visit_node(rows + cur * V, V, inv_t, top_k, top_p, cand, tl, s);  // starts with a barrier-separated pass
       mass = d.nan ? bits_to_double(0x7ff8000000000000ull) : 1.0;
     }
-    tok = inverse_cdf(rows + cur * V, V, d, rej, s.n_rej, bits, mass, ld_global(sample_u + b), s);
+    const float su = ld_global(sample_u + b);
+    if (cand.live) {
+      tok = inverse_cdf_live(cand, V, d, rej, s.n_rej, bits, mass, su, s);
+    } else if (tl.nt > 0 && !d.nan) {
+      tok = inverse_cdf_tiled(rows + cur * V, V, d, rej, s.n_rej, bits, mass, su, tl, s);
+    } else {
+      const int64_t r = inverse_cdf(rows + cur * V, V, d, rej, s.n_rej, bits, mass, su, s);
+      tok = static_cast<int32_t>(r < 0 ? 0 : r);
+    }
   }
   if (threadIdx.x != 0) return;  // no barrier follows
   int64_t best = 0;
@@ -510,12 +887,32 @@ cudaError_t launch(const void* logits, int64_t n_rows, int64_t V, const void* be
   const unsigned threads = static_cast<unsigned>(want < kThreads ? want : kThreads);
   const bool staged = W * L * 16 <= kMaxStagedBytes;
   const bool bitmap = V <= kMaxBitmapV;
-  const size_t smem = sizeof(Smem) + (staged ? W * L * 16 : 0) + W * 8 + (bitmap ? (V + 31) / 32 * 4 : 0);
-  if (smem > 160 * 1024) return cudaErrorInvalidValue;
+  const size_t base = sizeof(Smem) + (staged ? W * L * 16 : 0) + W * 8 + (bitmap ? (V + 31) / 32 * 4 : 0);
+  if (base > 160 * 1024) return cudaErrorInvalidValue;
+  // the one-pass filter's two candidate arrays, when a filter is on: halved until they fit
+  const bool filtered = (top_k > 0 && top_k < V) || top_p < 1.0;
+  int R = filtered ? (g_list_slots >= 0 ? g_list_slots : kListSlots) : 0;
+  auto cap_of = [&](int r) {
+    int64_t p = 1;
+    while (p < static_cast<int64_t>(r) * threads) p <<= 1;
+    return r > 0 ? p : int64_t{0};
+  };
+  while (R > 0 && base + static_cast<size_t>(cap_of(R)) * 16 > 160 * 1024) R /= 2;
+  const int64_t cap = cap_of(R);
+  // unfiltered: the tile sums (tiles of 2^sh >= one scan step elements, at most kMaxTiles of them)
+  int nt = 0, sh = 0;
+  if (!filtered) {
+    while ((int64_t{1} << sh) < static_cast<int64_t>(threads) * (16 / static_cast<int64_t>(sizeof(T))) ||
+           (int64_t{kMaxTiles} << sh) < V)
+      ++sh;
+    nt = static_cast<int>((V + (int64_t{1} << sh) - 1) >> sh);
+    if (nt < 2 || base + static_cast<size_t>(nt * (threads + 1) + threads) * 8 > 160 * 1024) nt = 0;
+  }
+  const size_t smem = base + static_cast<size_t>(cap) * 16 + (nt > 0 ? static_cast<size_t>(nt * (threads + 1) + threads) * 8 : 0);
   return launch_kernel("verify_sample.walk", verify_sample_kernel<T, I>, dim3(static_cast<unsigned>(B)),
                        dim3(threads), smem, stream, static_cast<const T*>(logits), n_rows, V,
                        static_cast<const I*>(beams), static_cast<const I*>(beam_node), W, L, accept_u, sample_u, inv_t,
-                       top_k, top_p, staged, bitmap, accept_len, best_beam, path_nodes, next_token);
+                       top_k, top_p, staged, bitmap, R, cap, nt, sh, accept_len, best_beam, path_nodes, next_token);
 }
 
 template <typename T>
@@ -531,6 +928,18 @@ cudaError_t launch_t(IndexType it, const void* logits, int64_t n_rows, int64_t V
 }
 
 }  // namespace
+
+void verify_sample_set_list_slots(int slots) { g_list_slots = slots; }
+
+int64_t verify_sample_general_nodes() {
+#ifdef REDRAFTER_EMULATE
+  const int64_t n = g_general_nodes;
+  g_general_nodes = 0;
+  return n;
+#else
+  return -1;
+#endif
+}
 
 size_t verify_sample_workspace_bytes(int64_t B, int64_t n_logit_rows, int64_t V, int64_t W, FloatType logits_type,
                                      double temperature) {

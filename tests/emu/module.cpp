@@ -117,6 +117,9 @@ PYBIND11_MODULE(redrafter_emu, m) {
   m.def("traffic_stop", [] { return traffic_report(redrafter_emu::traffic_stop()); });
   // verify_greedy's strategy: 0 by size, 1 per node, 2 lazy
   m.def("verify_greedy_set_strategy", [](int s) { rc::verify_greedy_set_strategy(s); });
+  // verify_sample's one-pass filter: list slots per thread (-1 default, 0 off); general-path nodes
+  m.def("verify_sample_set_list_slots", [](int s) { rc::verify_sample_set_list_slots(s); });
+  m.def("verify_sample_general_nodes", [] { return rc::verify_sample_general_nodes(); });
 
   m.def("tree_mask", [](py::array parent, py::array num_nodes, bool packed, py::array out) {
     const int64_t B = parent.shape(0), N = parent.shape(1);
