@@ -59,7 +59,7 @@ def test_typical_rows_take_one_pass(emu):
     # p=0.9: no node falls back. (Top-p alone over a heavy tail can need more than the lists hold.)
     args = sample_case(4, 3, 4, 32000, seed=5, dtype=torch.bfloat16, boost=14.0)
     for t, k, p in [(0.8, 50, 0.9), (0.8, 0, 0.9), (1.0, 50, 1.0)]:
-        n = general_nodes(emu, lambda: check_sample(emu, *args, t, k, p, seeds_=SEEDS[:1]))
+        n = general_nodes(emu, lambda t=t, k=k, p=p: check_sample(emu, *args, t, k, p, seeds_=SEEDS[:1]))
         assert n == 0, (t, k, p, n)
 
 
