@@ -19,7 +19,10 @@ fi
 start=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 vpy=$VENV/bin/python
-if ! "$vpy" -m pip show torch 2>/dev/null | grep -q "^Version: ${TORCH_OLDEST}"; then
+# outputs are captured before grep: under pipefail, `cmd | grep -q` fails whenever grep exits on its
+# match before cmd has written everything (cmd dies of SIGPIPE; this failed CI once)
+installed=$("$vpy" -m pip show torch 2>/dev/null || true)
+if ! grep -q "^Version: ${TORCH_OLDEST}$" <<<"$installed"; then
   say "installing torch==$TORCH_OLDEST without its NVIDIA dependencies (headers and libtorch only)"
   "$vpy" -m pip install -q --no-deps "torch==$TORCH_OLDEST"
 fi
@@ -54,5 +57,6 @@ if missing:
     sys.exit("undefined in torch's libraries:\n  " + "\n  ".join(missing))
 print(f"[oldest_torch] {so.rsplit('/', 1)[-1]}: all {len(need)} undefined symbols resolve against {lib}")
 PY
-readelf -S "$so" | grep -q nv_fatbin || { say "the module has no CUDA kernels"; exit 1; }
+sections=$(readelf -S "$so")
+grep -q nv_fatbin <<<"$sections" || { say "the module has no CUDA kernels"; exit 1; }
 say "ok: torch $tver, CUDA kernels compiled and linked ($(( $(date +%s) - start )) s)"
