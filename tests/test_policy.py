@@ -61,22 +61,50 @@ def test_picks_the_best_entry_when_drafting_pays_and_follows_the_batch():
     assert p.choose(1)[0] == (1, 8)
 
 
-def test_measures_an_entry_again_after_refresh_decisions():
-    # acceptance drifts: an entry judged on a bad start gets another window later
-    p = SpeculationPolicy(menu=((1, 8),), refresh=5)
+def test_measures_a_losing_entry_again_out_of_an_exploration_budget():
+    # acceptance drifts: an entry judged on a bad start gets another window, once the time decoded
+    # since it last ran, times `explore`, covers what re-measuring it is expected to lose
+    p = SpeculationPolicy(menu=((1, 8),), explore=0.04, probe=2, window=4)
     feed(p, (1, 1), 1, 0.010, 1.0)
-    feed(p, (1, 8), 1, 0.030, 1.5)  # a poor first measurement
+    feed(p, (1, 8), 1, 0.030, 1.5)  # a poor first measurement: half of AR's throughput
+    # a re-measurement: 2 steps x 0.030 s x (1 - 0.5) = 0.03 s lost, paid for by 0.75 s of decoding,
+    # more than 18 windows of AR (4 steps x 0.010 s)
     picks = []
-    for _ in range(7):
+    for _ in range(24):
         entry, n = p.choose(1)
-        picks.append(entry)
+        picks.append((entry, n))
         feed(p, entry, 1, 0.010 if entry == (1, 1) else 0.030, 1.0 if entry == (1, 1) else 6.0)
-    assert picks[:5] == [(1, 1)] * 5 and (1, 8) in picks[5:]
-    assert p.choose(1)[0] == (1, 8)  # 6 tokens per 3 AR steps now: speculation pays
+    assert picks[:19] == [((1, 1), 4)] * 19 and picks[19] == ((1, 8), 2)
+    # 6 tokens per 3 AR steps now: speculation pays and gets the full windows (AR only short checks)
+    assert p.predicted_throughput((1, 8), 1) > p.predicted_throughput((1, 1), 1)
+    assert picks[20:].count(((1, 8), 4)) >= 2 and ((1, 1), 4) not in picks[20:]
+
+
+@pytest.mark.parametrize("explore", [0.0, 0.01, 0.05])
+def test_re_measuring_costs_at_most_the_budget(explore):
+    # true costs: two entries that never pay (one nearly ties AR, one far behind); the time lost to
+    # measuring them after calibration stays within `explore` of the time decoded, per entry
+    truth = {(1, 1): (0.010, 1.0), (1, 4): (0.021, 2.0), (2, 4): (0.040, 2.0)}  # s/step, tokens/row-step
+    p = SpeculationPolicy(menu=tuple(truth), explore=explore, probe=2, window=4)
+    lost, total, runs = 0.0, 0.0, {e: 0 for e in truth}
+    for _ in range(2000):
+        entry, n = p.choose(1)
+        t, a = truth[entry]
+        p.observe(entry, 1, n, n * t, int(n * a), n)
+        total += n * t
+        lost += n * t * (1 - (a / t) / (1.0 / 0.010))  # vs the same tokens at AR's rate
+        runs[entry] += 1
+    calibration = 2 * (0.021 * (1 - 2.0 / 2.1) + 0.040 * (1 - 0.5))
+    assert lost <= calibration + 2 * explore * total + 1e-9
+    if explore == 0:
+        assert runs[(1, 4)] == runs[(2, 4)] == 1  # measured once, at calibration
+    else:  # the near-tie is checked far more often than the entry far behind
+        assert runs[(1, 4)] > 5 * runs[(2, 4)] > 0
 
 
 @pytest.mark.parametrize("bad", [dict(menu=((0, 4),)), dict(menu=((1,),)), dict(window=0), dict(probe=2.5),
-                                 dict(smoothing=0.0), dict(refresh=0)])
+                                 dict(smoothing=0.0), dict(explore=-0.1),
+                                 dict(explore=1.5)])
 def test_rejects_bad_settings(bad):
     with pytest.raises(ValueError, match="SpeculationPolicy"):
         SpeculationPolicy(**bad)

@@ -13,10 +13,14 @@ includes (1, 1) (plain decoding: no drafter, no trie), two online estimates:
 
 At each read it returns the entry with the highest predicted throughput, ``tokens per row-step *
 rows / seconds per step``; an entry with no measurement at the current row bucket is tried first
-for one short window (calibration), and an entry not run for ``refresh`` decisions is tried again:
-acceptance drifts with the text (it often rises once the output settles), and an entry judged on a
-bad start must get another chance. Each re-try that does not win doubles that entry's interval, so
-exploring an entry that never pays costs less and less. Decisions happen only at host reads, never inside a step;
+for one short window (calibration). An entry that is not winning is measured again (acceptance
+drifts with the text, and an entry judged on a bad start must get another chance), but only out of
+an exploration budget: a re-measurement is expected to lose ``probe`` steps x (its seconds per
+step) x (1 - its throughput / the best's), and runs once ``explore`` times the time decoded since
+the entry last ran covers that loss. So re-measuring costs at most a fraction ``explore`` of the
+time per entry: a near-tie is checked often, for almost nothing, an entry far behind rarely (a fixed
+re-try schedule lost 8% of a short sampled run at batch 8 to probes of shapes that never paid).
+Decisions happen only at host reads, never inside a step;
 switching shape reallocates nothing (``generate`` sizes the cache and the output buffer for the
 largest entry once), and every entry runs through the same ``decode_step``, so greedy output stays
 identical to plain decoding under any sequence of choices.
@@ -46,7 +50,8 @@ class SpeculationPolicy:
     menu       (W, L) pairs, W >= 1, L >= 1; (1, 1) is added when missing
     window     steps between the policy's reads of the rows' progress (its decision points)
     probe      steps of a calibration window (an entry not yet measured at this row bucket)
-    refresh    decisions after which an entry that was not run is measured again
+    explore    the fraction of decoding time that re-measuring entries which are not winning may
+               cost, per entry (see the module docstring)
     smoothing  weight of the newest measurement in the running estimates (0 < smoothing <= 1)
 
     Estimates are kept per ``context`` (``generate`` passes the sampling options: acceptance
@@ -57,13 +62,12 @@ class SpeculationPolicy:
     menu: tuple[tuple[int, int], ...] = DEFAULT_MENU
     window: int = 4
     probe: int = 2
-    refresh: int = 16
+    explore: float = 0.01
     smoothing: float = 0.5
     tokens_per_row_step: dict = field(default_factory=dict)  # (context, entry) -> tokens
     seconds_per_step: dict = field(default_factory=dict)  # (context, entry, row bucket) -> seconds
-    _decisions: int = field(default=0, init=False, repr=False)
-    _last_run: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry, bucket) -> decision
-    _interval: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry, bucket) -> decisions
+    _clock: float = field(default=0.0, init=False, repr=False)  # seconds observed, all windows
+    _last_run: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry, bucket) -> _clock
 
     def __post_init__(self) -> None:
         menu = []
@@ -75,10 +79,12 @@ class SpeculationPolicy:
         if (1, 1) not in menu:
             menu.insert(0, (1, 1))
         self.menu = tuple(dict.fromkeys(menu))
-        for name in ("window", "probe", "refresh"):
+        for name in ("window", "probe"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"SpeculationPolicy: {name} must be an int >= 1, got {v!r}")
+        if isinstance(self.explore, bool) or not isinstance(self.explore, (int, float)) or not 0 <= self.explore <= 1:
+            raise ValueError(f"SpeculationPolicy: explore must be in [0, 1], got {self.explore!r}")
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"SpeculationPolicy: smoothing must be in (0, 1], got {self.smoothing!r}")
 
@@ -107,7 +113,8 @@ class SpeculationPolicy:
             return
         key = (context, entry, _bucket(rows))
         self._ema(self.seconds_per_step, key, seconds / steps)
-        self._last_run[key] = self._decisions
+        self._clock += max(0.0, seconds)
+        self._last_run[key] = self._clock
         if row_steps > 0:
             self._ema(self.tokens_per_row_step, (context, entry), tokens / row_steps)
 
@@ -121,20 +128,22 @@ class SpeculationPolicy:
 
     def choose(self, rows: int, context=None) -> tuple[tuple[int, int], int]:
         """The entry to run next with ``rows`` active rows, and for how many steps."""
-        self._decisions += 1
-        best, best_tp = None, -1.0
+        bucket = _bucket(rows)
+        tps = {}
         for entry in self.menu:
             tp = self.predicted_throughput(entry, rows, context)
             if tp is None:
                 return entry, self.probe  # calibration: measure it once at this bucket
-            key = (context, entry, _bucket(rows))
-            interval = self._interval.get(key, self.refresh)
-            if self._decisions - self._last_run.get(key, 0) > interval:
-                self._interval[key] = 2 * interval  # reset below if it wins
-                return entry, self.probe  # stale: measure it again
-            if tp > best_tp:
-                best, best_tp = entry, tp
-        self._interval.pop((context, best, _bucket(rows)), None)
+            tps[entry] = tp
+        best = max(self.menu, key=tps.__getitem__)  # the first of equals: (1, 1) leads the menu
+        for entry in self.menu:  # re-measure a loser once the budget since it last ran covers its expected loss
+            if entry == best:
+                continue
+            key = (context, entry, bucket)
+            shortfall = 1.0 - tps[entry] / tps[best] if tps[best] > 0 else 0.0
+            loss = self.probe * self.seconds_per_step[key] * shortfall
+            if (self._clock - self._last_run.get(key, 0.0)) * self.explore > loss:
+                return entry, self.probe
         return best, self.window
 
 
