@@ -1,6 +1,7 @@
 """Demo: autoregressive decoding vs ReDrafter on a real chat model (greedy: outputs checked equal).
 
-    python -m redrafter_ext.demo                       # SmolLM2-135M-Instruct, 4 held-out prompts, W=1 L=3
+    python -m redrafter_ext.demo                       # SmolLM2-135M-Instruct, 4 held-out prompts, W=auto L=auto
+    python -m redrafter_ext.demo -W 1 -L 3             # a fixed draft shape instead of the policy
     python -m redrafter_ext.demo --prompt "Why is the sky blue?"
     python -m redrafter_ext.demo --model tiny          # the small 5M model trained on Python code
     python -m redrafter_ext.demo --model PATH [--drafter PATH]   # any Hugging Face Llama folder
@@ -8,7 +9,9 @@
 
 Per prompt: the prompt and the response (truncated), AR and ReDrafter tokens/s (timed alternately
 in one process), the speedup, tokens per step (accepted + 1) and where a ReDrafter step spends its
-time. With --temperature > 0 both sample (ReDrafter by exact rejection over the trie, so its output
+time. By default (W and L "auto") a ``SpeculationPolicy`` picks the draft shape as it goes, from
+measured step time and acceptance, plain decoding included, so that ReDrafter is not slower than
+AR where drafting cannot pay; one policy serves every prompt, as an engine keeps one. With --temperature > 0 both sample (ReDrafter by exact rejection over the trie, so its output
 has the target's distribution): outputs are not compared token for token.
 """
 
@@ -26,6 +29,7 @@ from . import reference
 from .decode import autoregressive_generate, generate
 from .drafter import Drafter, DrafterConfig
 from .models import LlamaConfig, LlamaTarget
+from .policy import SpeculationPolicy
 from .profiling import STAGES, StageTimer, choose_threads, load_and_threads
 
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
@@ -137,6 +141,18 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     pass
 
 
+def _int_or_auto(v: str) -> int | str:
+    if v == "auto":
+        return v
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or 'auto', got {v!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or 'auto', got {v!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m redrafter_ext.demo", description=__doc__, formatter_class=_Formatter)
     p.add_argument("--model", "-m", default=DEFAULT_MODEL,
@@ -144,9 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default=None, help="drafter folder (None: the one shipped for --model)")
     p.add_argument("--prompt", "-p", action="append", default=None,
                    help="answer this prompt (repeatable; None: the held-out prompts)")
-    # defaults: the best batch-1 configuration measured on this project's 2-core CPU (bench/e2e.py)
-    p.add_argument("--beam-width", "-W", type=int, default=1, help="beams drafted per step")
-    p.add_argument("--beam-length", "-L", type=int, default=3, help="tokens per beam, the guaranteed one included")
+    # default: the policy, which measures what pays on this machine and model (bench/batch.py, bench/e2e.py)
+    p.add_argument("--beam-width", "-W", type=_int_or_auto, default="auto",
+                   help="beams drafted per step, or auto (with -L auto: the speculation policy picks both)")
+    p.add_argument("--beam-length", "-L", type=_int_or_auto, default="auto",
+                   help="tokens per beam, the guaranteed one included, or auto")
     p.add_argument("--batch-size", "-B", type=int, default=1, help="prompts decoded together")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt at most")
     p.add_argument("--prompts", type=int, default=4, help="held-out prompts to decode")
@@ -192,19 +210,26 @@ def main(argv: list[str] | None = None) -> int:
     else:
         items = text.heldout(a.prompts, a.prompt_chars)
     W, L, B = a.beam_width, a.beam_length, a.batch_size
-    N = 1 + W * (L - 1)
+    if (W == "auto") != (L == "auto"):
+        print("[demo] error: -W and -L are 'auto' together (the policy picks both) or both numbers", file=sys.stderr)
+        return 2
+    policy = SpeculationPolicy() if W == "auto" else None
+    N = policy.max_nodes if policy else 1 + W * (L - 1)
+    shape = (f"W=auto L=auto (speculation policy over {' '.join(f'{w}x{n}' for w, n in policy.menu)})" if policy
+             else f"W={W} L={L}")
     print(f"target: {desc}, {n_params(target)} params ({target.embed_weight.dtype}); drafter: {n_params(drafter)} "
           f"params ({next(drafter.parameters()).dtype}); ops: {a.ops}; {load_and_threads()}")
     sampling = dict(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p)
     greedy = a.temperature == 0.0
     mode = "greedy" if greedy else f"sampling T={a.temperature} top-k={a.top_k} top-p={a.top_p} seed={a.seed}"
-    print(f"W={W} L={L} (N={N} nodes max), batch {B}, {len(items)} prompts, max {a.max_new_tokens} new tokens, "
+    print(f"{shape} (N={N} nodes max), batch {B}, {len(items)} prompts, max {a.max_new_tokens} new tokens, "
           f"{mode}")
 
     prompts = [ids for _, ids in items]
     # warm-up: first calls pay for allocation and kernel selection
     autoregressive_generate(target, prompts[:1], 4, eos_id=eos, **sampling)
-    generate(target, drafter, prompts[:1], 4, beam_width=W, beam_length=L, eos_id=eos, ops=ops, **sampling)
+    generate(target, drafter, prompts[:1], 4, beam_width=W, beam_length=L, eos_id=eos, ops=ops, policy=policy,
+             **sampling)
 
     t_ar = t_rd = 0.0
     n_ar = n_rd = steps = nodes = 0
@@ -219,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         ctimer = StageTimer(target.embed_weight.device)
         t0 = time.perf_counter()
         rd = generate(target, drafter, chunk, a.max_new_tokens, beam_width=W, beam_length=L, eos_id=eos, ops=ops,
-                      timer=ctimer, seed=a.seed + s, **sampling)
+                      timer=ctimer, seed=a.seed + s, policy=policy, **sampling)
         dt_rd = time.perf_counter() - t0
         for k, v in ctimer.seconds.items():
             timer.seconds[k] += v
