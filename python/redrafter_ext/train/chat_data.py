@@ -44,7 +44,7 @@ class ChatDataConfig:
     minutes: float | None = None  # stop starting new batches after this long
     seed: int = 0
     threads: int | None = None
-    split: str = "train"  # "train": the training pool; "heldout": the held-out prompts
+    split: str = "train"  # "train": the template pool; "broad": the broad pool; "heldout": the held-out prompts
 
 
 def load_hf_target(name_or_folder: str):
@@ -112,10 +112,11 @@ def generate_chat_data(cfg: ChatDataConfig) -> Path:
         raise ValueError(f"chat-data: the target {folder} has no tokenizer with a chat template")
     eos = int(model.config.eos_token_id if not isinstance(model.config.eos_token_id, list)
               else model.config.eos_token_id[0])
-    if cfg.split not in ("train", "heldout"):
-        raise ValueError(f"chat-data: split must be 'train' or 'heldout', got {cfg.split!r}")
-    texts = (prompt_sets.train_prompts(cfg.num_prompts) if cfg.split == "train"
-             else prompt_sets.heldout_prompts(cfg.num_prompts))
+    pools = {"train": prompt_sets.train_prompts, "broad": prompt_sets.broad_prompts,
+             "heldout": prompt_sets.heldout_prompts}
+    if cfg.split not in pools:
+        raise ValueError(f"chat-data: split must be one of {', '.join(pools)}, got {cfg.split!r}")
+    texts = pools[cfg.split](cfg.num_prompts)
     rows = [chat_prompt_ids(tok, t) for t in texts]
     temps = [float(x) for x in cfg.passes.split(",")]
     (out / "config.json").write_text(json.dumps({**asdict(cfg), "target_folder": str(folder), "eos": eos,
@@ -180,7 +181,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=None)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--split", choices=("train", "heldout"), default=d.split)
+    p.add_argument("--split", choices=("train", "broad", "heldout"), default=d.split,
+                   help="prompt pool: train (templates x subjects), broad (everyday requests), heldout")
 
 
 def config_from_args(a: argparse.Namespace) -> ChatDataConfig:

@@ -86,6 +86,7 @@ class DistillConfig:
     corpus_root: str | None = None
     # chat targets (distill_chat): data folder, reduced head, sampling passes
     data: str | None = None  # default: <cache>/distill/<target name>
+    extra_data: str | None = None  # more chat data folders (comma-separated), e.g. another prompt pool
     draft_vocab: int | None = 8192  # head over the most frequent tokens (chat targets only)
     chat_passes: str = "0,0.7,0.7"  # temperature of each pass over the training prompts
     data_minutes: float | None = None  # stop generating new chat data after this long
@@ -385,6 +386,8 @@ def train(cfg: DistillConfig) -> dict:
         if cfg.out == DistillConfig.out:
             cfg.out = str(drafter_folder(cfg.target))
         return train_chat(cfg)
+    if cfg.extra_data:
+        raise ValueError("--extra-data is for chat targets (their own responses); this target trains on the corpus")
     torch.set_flush_denormal(True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -548,6 +551,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("chat targets (e.g. --target smollm2-135m-instruct)")
     g.add_argument("--data", default=None, help="chat data folder (default: <cache>/distill/<target>); "
                    "generated there if empty, resumable")
+    g.add_argument("--extra-data", default=None,
+                   help="more chat data folders to train on, comma-separated (made by `chat-data --split broad`)")
     g.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
                    help="drafter head over this many most frequent response tokens (0: full vocabulary)")
     g.add_argument("--chat-passes", default=d.chat_passes, help="temperature per pass over the prompts (0: greedy)")

@@ -150,6 +150,10 @@ def train_chat(cfg: DistillConfig) -> dict:
     if not list(heldout.glob("part-*.pt")):
         generate_chat_data(ChatDataConfig(target=cfg.target, out=str(heldout), passes="0", split="heldout",
                                           seed=cfg.seed, threads=cfg.threads))
+    extra = [Path(x) for x in cfg.extra_data.split(",") if x] if cfg.extra_data else []
+    for f in extra:
+        if not list(f.glob("part-*.pt")):
+            raise FileNotFoundError(f"--extra-data {f}: no part-*.pt files; make them with `chat-data --out {f}`")
     t0 = time.time()  # --minutes budgets the training: data generation is bounded by --data-minutes
     model, _, folder = load_hf_target(cfg.target)
     embed = model.get_input_embeddings().weight.detach().float()
@@ -159,7 +163,7 @@ def train_chat(cfg: DistillConfig) -> dict:
     eos = model.config.eos_token_id
     del model
     K = cfg.K
-    tr = flatten(load_chat_data(data), K)
+    tr = flatten(load_chat_data(data) + [r for f in extra for r in load_chat_data(f)], K)
     ev = flatten(load_chat_data(heldout), K)
     print(f"[drafter] target {folder}: hidden {H}, vocab {V}; train {len(tr[0]):,} response tokens "
           f"({len(tr[2]):,} positions), held-out {len(ev[0]):,}", flush=True)
