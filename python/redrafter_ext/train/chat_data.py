@@ -42,6 +42,7 @@ class ChatDataConfig:
     max_new_tokens: int = 160
     batch: int = 32
     minutes: float | None = None  # stop starting new batches after this long
+    max_batches: int | None = None  # generate only the first this many batches (parts): a reproducible size
     seed: int = 0
     threads: int | None = None
     split: str = "train"  # "train": the template pool; "broad": the broad pool; "heldout": the held-out prompts
@@ -131,12 +132,17 @@ def generate_chat_data(cfg: ChatDataConfig) -> Path:
     random.Random(cfg.seed).shuffle(jobs)
     t0 = time.time()
     n_tok = 0
-    bar = tqdm(total=len(jobs), desc="chat data", unit="batch", dynamic_ncols=True)
+    if cfg.max_batches is not None and cfg.max_batches < 1:
+        raise ValueError(f"chat-data: max_batches must be >= 1, got {cfg.max_batches}")
+    total = len(jobs) if cfg.max_batches is None else min(len(jobs), cfg.max_batches)
+    bar = tqdm(total=total, desc="chat data", unit="batch", dynamic_ncols=True)
     for j, (_pass, T, idx) in enumerate(jobs):
         part = out / f"part-{j:05d}.pt"
         if part.exists():
             bar.update(1)
             continue
+        if cfg.max_batches is not None and j >= cfg.max_batches:
+            break
         if cfg.minutes is not None and time.time() - t0 > cfg.minutes * 60:
             tqdm.write(f"[chat-data] time budget used up after {j} of {len(jobs)} batches")
             break
@@ -178,7 +184,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passes", default=d.passes, help="comma-separated temperature per pass (0: greedy)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--batch", type=int, default=d.batch)
-    p.add_argument("--minutes", type=float, default=None)
+    p.add_argument("--minutes", type=float, default=None, help="stop starting new batches after this long")
+    p.add_argument("--max-batches", type=int, default=None,
+                   help="only the first N batches (part files; each --batch prompts): the data set's size, "
+                   "independent of the machine's speed")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--split", choices=("train", "broad", "heldout"), default=d.split,
