@@ -217,3 +217,18 @@ def test_docs_policy_example_runs():
     exec(compile(m.group(1), "integration.md", "exec"), ns)  # noqa: S102
     want = rx.autoregressive_generate(ns["target"], [[5, 17, 300, 41, 9, 2, 64], [7, 7, 1000, 12]], 32)
     assert ns["outputs"] == want.tokens  # greedy: plain decoding's tokens whatever the policy chose
+
+
+def test_estimates_resist_contention_and_average_acceptance():
+    p = SpeculationPolicy(menu=((1, 4),), window=4, smoothing=0.5)
+    feed(p, (1, 4), 1, 0.010, 3.0)
+    feed(p, (1, 4), 1, 0.030, 1.0)  # another process took the core; a hard stretch of text
+    t = p.seconds_per_step[(None, (1, 4), 1)]
+    assert t == pytest.approx(0.010 + 0.125 * 0.020)  # a slow window moves the step time a quarter as much
+    feed(p, (1, 4), 1, 0.006, 3.0)
+    assert p.seconds_per_step[(None, (1, 4), 1)] == pytest.approx(t + 0.5 * (0.006 - t))  # a fast one fully
+    # acceptance: a row-step-weighted average with a memory of several windows, not the last window
+    a = p.tokens_per_row_step[(None, (1, 4))]
+    assert 1.0 < a < 3.0 and a > 2.0
+    p.observe((1, 4), 1, 1, 0.01, 1, 1)  # a 1-step window weighs a quarter of a full one
+    assert p.tokens_per_row_step[(None, (1, 4))] > a - 0.3

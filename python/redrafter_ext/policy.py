@@ -52,7 +52,9 @@ class SpeculationPolicy:
     probe      steps of a calibration window (an entry not yet measured at this row bucket)
     explore    the fraction of decoding time that re-measuring entries which are not winning may
                cost, per entry (see the module docstring)
-    smoothing  weight of the newest measurement in the running estimates (0 < smoothing <= 1)
+    smoothing  weight of the newest full window in the step-time estimates (0 < smoothing <= 1); a
+               shorter window weighs in proportion to its steps, a step time above the estimate a
+               quarter as much; acceptance forgets a quarter as fast (about 8 windows at 0.5)
 
     Estimates are kept per ``context`` (``generate`` passes the sampling options: acceptance
     depends on the temperature) and persist in the object: pass one policy to successive
@@ -62,10 +64,11 @@ class SpeculationPolicy:
     menu: tuple[tuple[int, int], ...] = DEFAULT_MENU
     window: int = 4
     probe: int = 2
-    explore: float = 0.01
+    explore: float = 0.005
     smoothing: float = 0.5
     tokens_per_row_step: dict = field(default_factory=dict)  # (context, entry) -> tokens
     seconds_per_step: dict = field(default_factory=dict)  # (context, entry, row bucket) -> seconds
+    _sums: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry) -> (tokens, row-steps)
     _clock: float = field(default=0.0, init=False, repr=False)  # seconds observed, all windows
     _last_run: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry, bucket) -> _clock
 
@@ -101,9 +104,10 @@ class SpeculationPolicy:
         """The largest trie of the menu, N = 1 + W*(L-1): the cache room every step needs."""
         return max(1 + w * (length - 1) for w, length in self.menu)
 
-    def _ema(self, table: dict, key, value: float) -> None:
+    def _ema(self, table: dict, key, value: float, steps: int, up: float) -> None:
         old = table.get(key)
-        table[key] = value if old is None else old + self.smoothing * (value - old)
+        w = self.smoothing * min(1.0, steps / self.window) * (up if old is not None and value > old else 1.0)
+        table[key] = value if old is None else old + w * (value - old)
 
     def observe(self, entry: tuple[int, int], rows: int, steps: int, seconds: float, tokens: int,
                 row_steps: int, context=None) -> None:
@@ -112,11 +116,21 @@ class SpeculationPolicy:
         if steps <= 0 or rows <= 0:
             return
         key = (context, entry, _bucket(rows))
-        self._ema(self.seconds_per_step, key, seconds / steps)
+        # other processes only ever slow a step down: a slow window moves the estimate a quarter as
+        # much as a fast one, so that entries are compared by what they cost, not by when they ran
+        # (on a loaded 2-core machine one entry's windows varied 2x; a plain average followed that)
+        self._ema(self.seconds_per_step, key, seconds / steps, steps, up=0.25)
         self._clock += max(0.0, seconds)
         self._last_run[key] = self._clock
         if row_steps > 0:
-            self._ema(self.tokens_per_row_step, (context, entry), tokens / row_steps)
+            # acceptance: a row-step-weighted average over about the entry's last 8 windows. It varies
+            # with the text from window to window, and an entry left after a bad window keeps that
+            # mark until measured again, so an average that chased each window stranded the best entry
+            T, S = self._sums.get((context, entry), (0.0, 0.0))
+            keep = 1.0 - 0.25 * self.smoothing * min(1.0, steps / self.window)
+            T, S = T * keep + tokens, S * keep + row_steps
+            self._sums[(context, entry)] = (T, S)
+            self.tokens_per_row_step[(context, entry)] = T / S
 
     def predicted_throughput(self, entry: tuple[int, int], rows: int, context=None) -> float | None:
         """Predicted tokens per second with ``rows`` active rows, None when not yet measured."""
