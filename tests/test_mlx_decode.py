@@ -17,6 +17,7 @@ import redrafter_ext as rx  # noqa: E402
 import redrafter_ext.mlx as rxm  # noqa: E402
 from redrafter_ext.demo import CHECKPOINTS, load_prompt_ids  # noqa: E402
 from redrafter_ext.mlx import reference as mref  # noqa: E402
+from redrafter_ext.policy import SpeculationPolicy  # noqa: E402
 
 SHIPPED_NEW_TOKENS = 24
 
@@ -138,6 +139,39 @@ def test_eos_and_mixed_prompt_lengths(tiny):
         got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L, eos_id=eos, check_every=3)
         assert 0 <= got.calls - max(got.steps) < 3, (W, L, got.calls, got.steps)
     assert rxm.autoregressive_generate(mt, prompts, n).calls == n
+
+
+class _Scripted(SpeculationPolicy):
+    """Switches (W, L) along a fixed script, ignoring the measurements."""
+
+    def __init__(self, script, menu):
+        super().__init__(menu=menu)
+        self.script, self.i = list(script), 0
+
+    def choose(self, rows, context=None):
+        self.i += 1
+        return self.script[(self.i - 1) % len(self.script)]
+
+
+def test_policy_greedy_equals_ar_under_switches(tiny):
+    # the MLX loop under a speculation policy: one cache for every shape, greedy output unchanged
+    _, _, mt, md = tiny
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15], [40, 41]]
+    n = 24
+    eos = rxm.autoregressive_generate(mt, prompts, n).tokens[1][9]
+    ar = rxm.autoregressive_generate(mt, prompts, n, eos_id=eos)
+    script = [((1, 1), 2), ((2, 3), 1), ((1, 5), 3), ((3, 4), 2)]
+    got = rxm.generate(mt, md, prompts, n, eos_id=eos, policy=_Scripted(script, tuple(e for e, _ in script)))
+    assert got.tokens == ar.tokens
+    policy = SpeculationPolicy(menu=((1, 1), (2, 3), (1, 5)))
+    for _ in range(2):  # a policy kept across calls, as an engine keeps one
+        assert rxm.generate(mt, md, prompts, n, eos_id=eos, policy=policy).tokens == ar.tokens
+    assert {e for (_, e, _) in policy.seconds_per_step} == set(policy.menu)  # every entry was measured
+    assert rxm.generate(mt, md, prompts, n, eos_id=eos, beam_width="auto", beam_length="auto").tokens == ar.tokens
+    with pytest.raises(ValueError, match="'auto' together"):
+        rxm.generate(mt, md, prompts, 4, beam_width="auto", beam_length=3)
+    with pytest.raises(TypeError, match="SpeculationPolicy"):
+        rxm.generate(mt, md, prompts, 4, policy=object())
 
 
 # ------------------------------------------------------------------------------------------------

@@ -202,6 +202,44 @@ def run_until_done(step: Callable[[], None], progress: Callable[[], tuple[bool, 
     return calls
 
 
+def policy_arg(beam_width, beam_length, policy, cls):
+    """The ``SpeculationPolicy`` (``cls``) a ``generate`` call runs under, or None for a fixed
+    shape: ``policy`` itself, or a fresh one when W and L are both ``"auto"``."""
+    auto = (beam_width == "auto", beam_length == "auto")
+    if any(auto) and not all(auto):
+        raise ValueError("generate: beam_width and beam_length are 'auto' together (a policy picks both), "
+                         f"got {beam_width!r}, {beam_length!r}")
+    if policy is None and all(auto):
+        policy = cls()
+    if policy is not None and not isinstance(policy, cls):
+        raise TypeError(f"generate: policy must be a SpeculationPolicy, got {type(policy).__name__}")
+    return policy
+
+
+def run_policy(step: Callable[[int, int], None], progress: Callable[[], tuple[bool, int, int, int, int]],
+               windows: Any, max_new_tokens: int, check_every: int, eos: bool) -> int:
+    """The decode loop of ``generate`` under a speculation policy: at each read, ``windows`` (a
+    ``policy.PolicyWindows``) picks (W, L) and a window length from the rows' progress, and is told
+    the window's cost and gain when it ends; ``step(W, L)`` runs one step. ``progress()`` is one
+    host read: (every row done, fewest tokens an active row may still write, active rows, tokens
+    written, row-steps taken). The window keeps the loop's own reads (EOS, limits) inside it.
+    Returns the number of steps."""
+    done, remaining, rows, tokens, row_steps = progress()
+    calls = 0
+    while not done and calls < max_new_tokens:
+        (W, L), n = windows.choose(rows, tokens, row_steps)
+        n, ran = min(n, max_new_tokens - calls), 0
+        while ran < n and not done:
+            k = min(n - ran, steps_until_check(check_every, remaining, L, eos))
+            for _ in range(k):
+                step(W, L)
+            ran += k
+            done, remaining, rows, tokens, row_steps = progress()
+        calls += ran
+        windows.observe(ran, tokens, row_steps)
+    return calls
+
+
 class Verified(NamedTuple):
     """What ``verify_greedy`` / ``verify_sample`` decide (arrays of either framework), for ``_commit``."""
 

@@ -39,9 +39,10 @@ from ._generate_common import (
     check_generate_args,
     check_sampling,
     check_state_sizes,
+    policy_arg,
     prompt_rows,
+    run_policy,
     run_until_done,
-    steps_until_check,
 )
 from ._shape_checks import num_nodes_max
 from .models import PagedKV
@@ -328,21 +329,12 @@ def _run_policy(target, drafter, state: DecodeState, policy: SpeculationPolicy, 
     clock since the last read update the policy, which picks (W, L) for the next window."""
     sp = step_kw["sampling"]
     context = None if sp is None else (float(sp.temperature), int(sp.top_k), float(sp.top_p))
-    eos = state.eos_id is not None
-    windows = PolicyWindows(policy, context)
-    done, remaining, rows, tokens, row_steps = _progress(state)
-    calls = 0
-    while not done and calls < state.max_new_tokens:
-        (W, L), n = windows.choose(rows, tokens, row_steps)
-        n, ran = min(n, state.max_new_tokens - calls), 0
-        while ran < n and not done:  # the window, with the loop's own reads (EOS, limits) inside it
-            k = min(n - ran, steps_until_check(check_every, remaining, L, eos))
-            for _ in range(k):
-                decode_step(target, drafter, state, beam_width=W, beam_length=L, check_room=False, **step_kw)
-            ran += k
-            done, remaining, rows, tokens, row_steps = _progress(state)
-        calls += ran
-        windows.observe(ran, tokens, row_steps)
+
+    def step(W: int, L: int) -> None:
+        decode_step(target, drafter, state, beam_width=W, beam_length=L, check_room=False, **step_kw)
+
+    calls = run_policy(step, lambda: _progress(state), PolicyWindows(policy, context), state.max_new_tokens,
+                       check_every, state.eos_id is not None)
     return _finish(state, calls)
 
 
@@ -485,14 +477,7 @@ def generate(
         reproducible for a given seed.
     """
     check_every = check_every_arg(check_every, target.embed_weight.device)
-    auto = (beam_width == "auto", beam_length == "auto")
-    if any(auto) and not all(auto):
-        raise ValueError("generate: beam_width and beam_length are 'auto' together (a policy picks both), "
-                         f"got {beam_width!r}, {beam_length!r}")
-    if policy is None and all(auto):
-        policy = SpeculationPolicy()
-    if policy is not None and not isinstance(policy, SpeculationPolicy):
-        raise TypeError(f"generate: policy must be a SpeculationPolicy, got {type(policy).__name__}")
+    policy = policy_arg(beam_width, beam_length, policy, SpeculationPolicy)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
     if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
         state = _start(target, prompts, max_new_tokens, max(policy.max_nodes, policy.max_length), eos_id, max_len,

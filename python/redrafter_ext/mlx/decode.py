@@ -30,6 +30,7 @@ import mlx.core as mx
 from .. import _generate_common as common  # the host-side parts both backends' loops share
 from .._generate_common import GenerateOutput, Verified
 from .._shape_checks import OPS, num_nodes_max
+from ..policy import PolicyWindows, SpeculationPolicy
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
 from .sampling import sample_inverse_cdf, sampling_probs
@@ -349,23 +350,37 @@ def _finish(state: DecodeState, calls: int) -> GenerateOutput:
 
 def _progress(state: DecodeState) -> tuple[bool, int]:
     """(every row done, fewest tokens an active row may still write), in one host read."""
+    return _progress_full(state)[:2]
+
+
+def _progress_full(state: DecodeState) -> tuple[bool, int, int, int, int]:
+    """(every row done, fewest tokens an active row may still write, active rows, tokens written,
+    row-steps taken), in one host read."""
     m = state.max_new_tokens
-    remaining = mx.min(mx.where(state.done, m, m - state.num_out)).astype(mx.int32)
-    done, rem = mx.stack([mx.all(state.done).astype(mx.int32), remaining]).tolist()  # sync-ok: generate's read
-    return bool(done), int(rem)
+    remaining = mx.min(mx.where(state.done, m, m - state.num_out))
+    stats = mx.stack([mx.all(state.done).astype(mx.int32), remaining.astype(mx.int32),
+                      mx.sum((~state.done).astype(mx.int32)), mx.sum(state.num_out), mx.sum(state.steps)])
+    done, rem, rows, tokens, row_steps = stats.astype(mx.int32).tolist()  # sync-ok: generate's read
+    return bool(done), int(rem), int(rows), int(tokens), int(row_steps)
 
 
 def generate(
-    target, drafter, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *, beam_width: int = 4,
-    beam_length: int = 4, eos_id: int | None = None, ops: ModuleType | None = None, check_every: int = 4,
-    max_len: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+    target, drafter, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *,
+    beam_width: int | str = 4, beam_length: int | str = 4, eos_id: int | None = None, ops: ModuleType | None = None,
+    check_every: int = 4, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+    seed: int = 0, policy: SpeculationPolicy | None = None,
 ) -> GenerateOutput:
     """ReDrafter generation on MLX: prefill, then ``decode_step`` until every row is done.
 
     Args:
         prompts: B prompts of any lengths (list of token-id lists, or a ``(B, T)`` array).
         max_new_tokens: per-row limit on generated tokens (EOS included).
-        beam_width, beam_length: W and L (L counts the guaranteed token; L = 1 is plain AR).
+        beam_width, beam_length: W and L (L counts the guaranteed token; L = 1 is plain AR), or
+            both ``"auto"``: a fresh ``SpeculationPolicy`` picks them as the run goes.
+        policy: a ``redrafter_ext.policy.SpeculationPolicy`` choosing (W, L) per window of steps
+            from measured cost and acceptance, as in the torch ``generate``; pass the same one to
+            successive calls to keep its calibration. Greedy output is identical to plain decoding
+            whatever it picks.
         eos_id: stop a row after it commits this token.
         ops: a module with the six ops (default: native ``redrafter_ext.mlx.ops`` when present, else
             ``redrafter_ext.mlx.reference``).
@@ -380,10 +395,26 @@ def generate(
         sampling: distributed as ``autoregressive_generate``'s, reproducible for a given seed.
     """
     common.check_every_arg(check_every)
-    N = num_nodes_max(beam_width, beam_length)
+    policy = common.policy_arg(beam_width, beam_length, policy, SpeculationPolicy)
     sampling = _sampling_or_none(temperature, top_k, top_p)
-    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
     ops = ops or default_ops()
+    if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
+        state = _start(target, prompts, max_new_tokens, max(policy.max_nodes, policy.max_length), eos_id, max_len,
+                       sampling, seed)
+        box = [state]
+
+        def step_wl(W: int, L: int) -> None:
+            box[0], _ = decode_step(target, drafter, box[0], beam_width=W, beam_length=L, ops=ops, sampling=sampling,
+                                    check_room=False)
+            mx.async_eval(box[0].arrays())
+
+        context = None if sampling is None else (float(sampling.temperature), int(sampling.top_k),
+                                                 float(sampling.top_p))
+        calls = common.run_policy(step_wl, lambda: _progress_full(box[0]), PolicyWindows(policy, context),
+                                  max_new_tokens, check_every, eos_id is not None)
+        return _finish(box[0], calls)
+    N = num_nodes_max(beam_width, beam_length)
+    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
     box = [state]
 
     def step() -> None:
