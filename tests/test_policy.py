@@ -232,3 +232,43 @@ def test_estimates_resist_contention_and_average_acceptance():
     assert 1.0 < a < 3.0 and a > 2.0
     p.observe((1, 4), 1, 1, 0.01, 1, 1)  # a 1-step window weighs a quarter of a full one
     assert p.tokens_per_row_step[(None, (1, 4))] > a - 0.3
+
+
+@pytest.mark.parametrize("a4,winner", [(2.5, (1, 1)), (4.0, (1, 4))])
+def test_choices_hold_under_contention(a4, winner):
+    # another process slows every step 3x for stretches of windows: entries are compared by cost
+    # ratios measured across consecutive windows, so the right one still runs nearly all the time
+    truth = {(1, 1): (0.010, 1.0), (1, 4): (0.030, a4), (1, 8): (0.050, 3.0)}
+    p = SpeculationPolicy(menu=tuple(truth), probe=2, window=4)
+    steps = {e: 0 for e in truth}
+    for i in range(600):
+        entry, n = p.choose(1)
+        t, a = truth[entry]
+        slow = 3.0 if (i // 5) % 3 == 1 else 1.0
+        p.observe(entry, 1, n, n * t * slow, int(round(n * a)), n)
+        steps[entry] += n
+    assert steps[winner] > 0.9 * sum(steps.values()), steps
+    assert p.cost_ratio[(None, (1, 4), 1)] == pytest.approx(3.0, rel=0.05)
+
+
+def test_windows_judge_a_static_batch_by_its_slowest_row():
+    # generate's batch ends with its last row: with `laggard`, a window counts that row's progress
+    p = SpeculationPolicy(menu=((1, 4),))
+    feed(p, (1, 1), 8, 0.01, 1.0)  # plain decoding measured: the next window measures (1, 4)
+    w = rx.policy.PolicyWindows(p)
+    entry, _ = w.choose(8, 0, 0, laggard=0)
+    assert entry == (1, 4)
+    w.observe(4, 64, 32, laggard=4)  # the mean row made 2 tokens per step, the slowest 1
+    assert p.tokens_per_row_step[(None, entry)] == 1.0
+    q = SpeculationPolicy(menu=((1, 4),))
+    feed(q, (1, 1), 8, 0.01, 1.0)
+    w = rx.policy.PolicyWindows(q)
+    entry, _ = w.choose(8, 0, 0)
+    w.observe(4, 64, 32)  # a refilled batch (a server): the mean row
+    assert q.tokens_per_row_step[(None, entry)] == 2.0
+    r = SpeculationPolicy(menu=((1, 4),))
+    feed(r, (1, 1), 8, 0.01, 1.0)
+    w = rx.policy.PolicyWindows(r)
+    entry, _ = w.choose(8, 0, 0, laggard=3)
+    w.observe(2, 64, 16, laggard=40)  # the slowest row stopped at EOS: capped at L per step
+    assert entry == (1, 4) and r.tokens_per_row_step[(None, entry)] == 4.0

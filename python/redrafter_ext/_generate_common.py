@@ -216,27 +216,28 @@ def policy_arg(beam_width, beam_length, policy, cls):
     return policy
 
 
-def run_policy(step: Callable[[int, int], None], progress: Callable[[], tuple[bool, int, int, int, int]],
+def run_policy(step: Callable[[int, int], None], progress: Callable[[], tuple[bool, int, int, int, int, int]],
                windows: Any, max_new_tokens: int, check_every: int, eos: bool) -> int:
     """The decode loop of ``generate`` under a speculation policy: at each read, ``windows`` (a
     ``policy.PolicyWindows``) picks (W, L) and a window length from the rows' progress, and is told
     the window's cost and gain when it ends; ``step(W, L)`` runs one step. ``progress()`` is one
     host read: (every row done, fewest tokens an active row may still write, active rows, tokens
-    written, row-steps taken). The window keeps the loop's own reads (EOS, limits) inside it.
-    Returns the number of steps."""
-    done, remaining, rows, tokens, row_steps = progress()
+    written, row-steps taken, fewest tokens an active row has written). The window keeps the loop's
+    own reads (EOS, limits) inside it; it is judged by the slowest row's progress, which is what
+    ends the batch. Returns the number of steps."""
+    done, remaining, rows, tokens, row_steps, lag = progress()
     calls = 0
     while not done and calls < max_new_tokens:
-        (W, L), n = windows.choose(rows, tokens, row_steps)
+        (W, L), n = windows.choose(rows, tokens, row_steps, laggard=lag)
         n, ran = min(n, max_new_tokens - calls), 0
         while ran < n and not done:
             k = min(n - ran, steps_until_check(check_every, remaining, L, eos))
             for _ in range(k):
                 step(W, L)
             ran += k
-            done, remaining, rows, tokens, row_steps = progress()
+            done, remaining, rows, tokens, row_steps, lag = progress()
         calls += ran
-        windows.observe(ran, tokens, row_steps)
+        windows.observe(ran, tokens, row_steps, laggard=lag)
     return calls
 
 

@@ -422,14 +422,15 @@ def _finish(state: DecodeState, calls: int) -> GenerateOutput:
     )
 
 
-def _progress(state: DecodeState) -> tuple[bool, int, int, int, int]:
+def _progress(state: DecodeState) -> tuple[bool, int, int, int, int, int]:
     """(every row done, fewest tokens an active row may still write, active rows, tokens written,
-    row-steps taken), in one host read."""
+    row-steps taken, fewest tokens an active row has written), in one host read."""
     m = state.max_new_tokens
     stats = torch.stack([state.done.all().to(torch.int64), torch.where(state.done, m, state.limit - state.num_out).amin(),
-                         (~state.done).sum(), state.num_out.sum(), state.steps.sum()])
-    done, rem, active, tokens, row_steps = stats.tolist()  # sync-ok: generate's read, between steps
-    return bool(done), int(rem), int(active), int(tokens), int(row_steps)
+                         (~state.done).sum(), state.num_out.sum(), state.steps.sum(),
+                         torch.where(state.done, m, state.num_out).amin()])
+    done, rem, active, tokens, row_steps, lag = stats.tolist()  # sync-ok: generate's read, between steps
+    return bool(done), int(rem), int(active), int(tokens), int(row_steps), int(lag)
 
 
 def _run(step, state: DecodeState, per_step: int, check_every: int) -> GenerateOutput:

@@ -9,10 +9,12 @@ includes (1, 1) (plain decoding: no drafter, no trie), two online estimates:
 - tokens committed per active row and step (from ``num_out`` and ``steps``, which the loop
   reads at its host reads anyway);
 - seconds per step at the current number of active rows (from the wall clock between those
-  reads; rows are bucketed by powers of two).
+  reads; rows are bucketed by powers of two), and each entry's step time relative to plain
+  decoding's, measured across consecutive windows of two entries: other processes slow both
+  alike, so the ratio holds where the absolute times of windows run minutes apart do not.
 
 At each read it returns the entry with the highest predicted throughput, ``tokens per row-step *
-rows / seconds per step``; an entry with no measurement at the current row bucket is tried first
+rows / (plain decoding's seconds per step * the entry's cost ratio)``; an entry with no measurement at the current row bucket is tried first
 for one short window (calibration). An entry that is not winning is measured again (acceptance
 drifts with the text, and an entry judged on a bad start must get another chance), but only out of
 an exploration budget: a re-measurement is expected to lose ``probe`` steps x (its seconds per
@@ -28,6 +30,8 @@ identical to plain decoding under any sequence of choices.
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -36,6 +40,9 @@ __all__ = ["DEFAULT_MENU", "PolicyWindows", "SpeculationPolicy"]
 # (W, L): plain decoding, two single beams and one small tree (each entry costs a calibration window
 # per row bucket, so the menu stays short)
 DEFAULT_MENU: tuple[tuple[int, int], ...] = ((1, 1), (1, 4), (1, 8), (2, 4))
+
+
+_AR = (1, 1)
 
 
 def _bucket(rows: int) -> int:
@@ -68,6 +75,9 @@ class SpeculationPolicy:
     smoothing: float = 0.5
     tokens_per_row_step: dict = field(default_factory=dict)  # (context, entry) -> tokens
     seconds_per_step: dict = field(default_factory=dict)  # (context, entry, row bucket) -> seconds
+    cost_ratio: dict = field(default_factory=dict)  # (context, entry, row bucket) -> step time / (1, 1)'s
+    _prev: dict = field(default_factory=dict, init=False, repr=False)  # (context, bucket) -> last window
+    _ratio_hist: dict = field(default_factory=dict, init=False, repr=False)  # key -> recent log ratios
     _sums: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry) -> (tokens, row-steps)
     _clock: float = field(default=0.0, init=False, repr=False)  # seconds observed, all windows
     _last_run: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry, bucket) -> _clock
@@ -120,6 +130,7 @@ class SpeculationPolicy:
         # much as a fast one, so that entries are compared by what they cost, not by when they ran
         # (on a loaded 2-core machine one entry's windows varied 2x; a plain average followed that)
         self._ema(self.seconds_per_step, key, seconds / steps, steps, up=0.25)
+        self._pair(context, entry, _bucket(rows), seconds / steps, steps)
         self._clock += max(0.0, seconds)
         self._last_run[key] = self._clock
         if row_steps > 0:
@@ -132,19 +143,49 @@ class SpeculationPolicy:
             self._sums[(context, entry)] = (T, S)
             self.tokens_per_row_step[(context, entry)] = T / S
 
+    def _pair(self, context, entry: tuple[int, int], bucket: int, t: float, steps: int) -> None:
+        """Cost ratios from this window and the one before it at this bucket (another entry's)."""
+        ratios, key = self.cost_ratio, (context, entry, bucket)
+        prev = self._prev.get((context, bucket))
+        self._prev[(context, bucket)] = (entry, t, steps)
+        if entry == _AR:
+            ratios[key] = 1.0
+        if t <= 0:
+            return
+        if prev is not None and prev[0] != entry and prev[1] > 0:
+            f, tf, _ = prev
+            fkey = (context, f, bucket)
+            if entry != _AR and fkey in ratios:  # this entry against the one before it
+                self._add_ratio(key, ratios[fkey] * t / tf)
+            elif f != _AR and key in ratios:  # the one before against this one
+                self._add_ratio(fkey, ratios[key] * tf / t)
+        t_ar = self.seconds_per_step.get((context, _AR, bucket))
+        if key not in ratios and t_ar:  # no pair yet: from the absolute times
+            self._add_ratio(key, t / t_ar)
+
+    def _add_ratio(self, key, value: float) -> None:
+        # the median of the last 7 pairs: a pair straddling a change of load is off by that change,
+        # and an average kept that error until enough pairs diluted it (pairs come only at switches)
+        hist = self._ratio_hist.setdefault(key, [])
+        hist.append(math.log(max(value, 1e-12)))
+        del hist[:-7]
+        self.cost_ratio[key] = math.exp(statistics.median(hist))
+
     def predicted_throughput(self, entry: tuple[int, int], rows: int, context=None) -> float | None:
         """Predicted tokens per second with ``rows`` active rows, None when not yet measured."""
-        t = self.seconds_per_step.get((context, entry, _bucket(rows)))
+        b = _bucket(rows)
+        t_ar = self.seconds_per_step.get((context, _AR, b))
+        r = self.cost_ratio.get((context, entry, b))
         a = 1.0 if entry[1] == 1 else self.tokens_per_row_step.get((context, entry))  # L = 1 commits one
-        if t is None or a is None:
+        if t_ar is None or r is None or a is None:
             return None
-        return a * rows / max(t, 1e-9)
+        return a * rows / max(t_ar * r, 1e-12)
 
     def choose(self, rows: int, context=None) -> tuple[tuple[int, int], int]:
         """The entry to run next with ``rows`` active rows, and for how many steps."""
         bucket = _bucket(rows)
         tps = {}
-        for entry in self.menu:
+        for entry in (_AR, *(e for e in self.menu if e != _AR)):  # plain decoding first: the yardstick
             tp = self.predicted_throughput(entry, rows, context)
             if tp is None:
                 return entry, self.probe  # calibration: measure it once at this bucket
@@ -155,7 +196,7 @@ class SpeculationPolicy:
                 continue
             key = (context, entry, bucket)
             shortfall = 1.0 - tps[entry] / tps[best] if tps[best] > 0 else 0.0
-            loss = self.probe * self.seconds_per_step[key] * shortfall
+            loss = self.probe * self.seconds_per_step[(context, _AR, bucket)] * self.cost_ratio[key] * shortfall
             if (self._clock - self._last_run.get(key, 0.0)) * self.explore > loss:
                 return entry, self.probe
         return best, self.window
@@ -173,25 +214,37 @@ class PolicyWindows:
         windows.observe(steps_run, tokens, row_steps)      # counters read after the window
 
     ``tokens`` and ``row_steps`` are running totals over the batch (``state.num_out.sum()``,
-    ``state.steps.sum()``); the wall clock runs from ``choose`` to ``observe``.
+    ``state.steps.sum()``); the wall clock runs from ``choose`` to ``observe``. A batch that runs
+    until its last row is done (``generate``: nothing refills finished rows) takes as long as its
+    slowest row, and every step costs the whole batch's price however few rows are left: pass
+    ``laggard`` (the fewest tokens an active row has written) to both calls and a window is judged
+    by that row's progress per step instead of the mean row's (at 32 rows of the small model, the
+    mean row accepted 4 tokens per 1x8 step, which beat plain decoding on paper, but the batch took
+    2x as long as plain decoding waiting for its slowest rows). A server that refills rows leaves it out.
     """
 
     def __init__(self, policy: SpeculationPolicy, context=None) -> None:
         self.policy, self.context = policy, context
-        self._open = None  # (entry, rows, tokens, row_steps, t0) of the window in flight
+        self._open = None  # (entry, rows, tokens, row_steps, laggard, t0) of the window in flight
 
-    def choose(self, rows: int, tokens: int, row_steps: int) -> tuple[tuple[int, int], int]:
+    def choose(self, rows: int, tokens: int, row_steps: int, laggard: int | None = None) -> tuple[tuple[int, int], int]:
         """The entry for the next window and its length in steps; starts the window's clock."""
         rows = max(1, int(rows))
         entry, n = self.policy.choose(rows, self.context)
-        self._open = (entry, rows, int(tokens), int(row_steps), time.perf_counter())
+        self._open = (entry, rows, int(tokens), int(row_steps), laggard, time.perf_counter())
         return entry, n
 
-    def observe(self, steps: int, tokens: int, row_steps: int) -> None:
+    def observe(self, steps: int, tokens: int, row_steps: int, laggard: int | None = None) -> None:
         """End the window in flight after ``steps`` steps (a no-op when none is open)."""
         if self._open is None:
             return
-        entry, rows, tok0, rs0, t0 = self._open
+        entry, rows, tok0, rs0, lag0, t0 = self._open
         self._open = None
-        self.policy.observe(entry, rows, steps, time.perf_counter() - t0, int(tokens) - tok0, int(row_steps) - rs0,
-                            self.context)
+        seconds = time.perf_counter() - t0
+        if lag0 is not None and laggard is not None:
+            # the slowest row's tokens per step (a step commits at most L; a laggard stopped by EOS
+            # hands the title to the next row, whose count may be higher: capped there)
+            gain = max(0, min(int(laggard) - int(lag0), steps * entry[1]))
+            self.policy.observe(entry, rows, steps, seconds, gain, steps, self.context)
+        else:
+            self.policy.observe(entry, rows, steps, seconds, int(tokens) - tok0, int(row_steps) - rs0, self.context)

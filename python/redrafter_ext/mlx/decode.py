@@ -353,15 +353,16 @@ def _progress(state: DecodeState) -> tuple[bool, int]:
     return _progress_full(state)[:2]
 
 
-def _progress_full(state: DecodeState) -> tuple[bool, int, int, int, int]:
+def _progress_full(state: DecodeState) -> tuple[bool, int, int, int, int, int]:
     """(every row done, fewest tokens an active row may still write, active rows, tokens written,
-    row-steps taken), in one host read."""
+    row-steps taken, fewest tokens an active row has written), in one host read."""
     m = state.max_new_tokens
     remaining = mx.min(mx.where(state.done, m, m - state.num_out))
     stats = mx.stack([mx.all(state.done).astype(mx.int32), remaining.astype(mx.int32),
-                      mx.sum((~state.done).astype(mx.int32)), mx.sum(state.num_out), mx.sum(state.steps)])
-    done, rem, rows, tokens, row_steps = stats.astype(mx.int32).tolist()  # sync-ok: generate's read
-    return bool(done), int(rem), int(rows), int(tokens), int(row_steps)
+                      mx.sum((~state.done).astype(mx.int32)), mx.sum(state.num_out), mx.sum(state.steps),
+                      mx.min(mx.where(state.done, m, state.num_out))])
+    done, rem, rows, tokens, row_steps, lag = stats.astype(mx.int32).tolist()  # sync-ok: generate's read
+    return bool(done), int(rem), int(rows), int(tokens), int(row_steps), int(lag)
 
 
 def generate(
