@@ -80,6 +80,19 @@ def test_measures_a_losing_entry_again_out_of_an_exploration_budget():
     assert picks[20:].count(((1, 8), 4)) >= 2 and ((1, 1), 4) not in picks[20:]
 
 
+def test_the_exploration_budget_accrues_per_row_bucket():
+    # minutes decoded at 1 row do not pay for re-measurements at 8 rows: a batch visiting 8 rows for
+    # a few steps at a time would spend them all on probes
+    p = SpeculationPolicy(menu=((1, 4),), explore=0.04, probe=2, window=4)
+    for rows, t in [(8, 0.020), (1, 0.010)]:
+        feed(p, (1, 1), rows, t, 1.0)
+        feed(p, (1, 4), rows, 3 * t, 1.5)  # calibrated: half of AR's throughput
+    for _ in range(50):
+        feed(p, (1, 1), 1, 0.010, 1.0)  # 2 s at 1 row: its budget re-measures (1, 4) there
+    assert p.choose(1) == ((1, 4), 2)
+    assert p.choose(8) == ((1, 1), 4)  # nothing decoded at 8 rows since: no budget there
+
+
 @pytest.mark.parametrize("explore", [0.0, 0.01, 0.05])
 def test_re_measuring_costs_at_most_the_budget(explore):
     # true costs: two entries that never pay (one nearly ties AR, one far behind); the time lost to
@@ -272,3 +285,20 @@ def test_windows_judge_a_static_batch_by_its_slowest_row():
     entry, _ = w.choose(8, 0, 0, laggard=3)
     w.observe(2, 64, 16, laggard=40)  # the slowest row stopped at EOS: capped at L per step
     assert entry == (1, 4) and r.tokens_per_row_step[(None, entry)] == 4.0
+
+
+def test_acceptance_is_kept_per_row_bucket():
+    # judged by the slowest row, 8 rows gain less per step than one, long drafts most: the 1-row
+    # figure of a shape must not decide for it at 8 rows (pooled, it picked 1x8 there)
+    p = SpeculationPolicy(menu=((1, 4), (1, 8)))
+    for _ in range(6):
+        for entry, t, a in [((1, 1), 0.010, 1.0), ((1, 4), 0.012, 3.0), ((1, 8), 0.014, 5.0)]:
+            p.observe(entry, 1, 4, 4 * t, int(4 * a), 4)
+    for entry, t, a in [((1, 1), 0.020, 1.0), ((1, 4), 0.024, 2.5), ((1, 8), 0.028, 2.2)]:
+        p.observe(entry, 8, 4, 4 * t, int(round(4 * a)), 4)  # laggard units: row-steps = steps
+    assert p.acceptance((1, 8), 1) > 4.5 and p.acceptance((1, 8), 8) < 2.8
+    tp = {e: p.predicted_throughput(e, 8) for e in p.menu}
+    assert max(tp, key=tp.get) == (1, 4), tp
+    tp1 = {e: p.predicted_throughput(e, 1) for e in p.menu}
+    assert max(tp1, key=tp1.get) == (1, 8), tp1
+    assert p.acceptance((2, 4), 8) is None  # not on the menu, never measured

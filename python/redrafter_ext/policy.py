@@ -7,7 +7,7 @@ reading the weights). A ``SpeculationPolicy`` keeps, for each (W, L) of a small 
 includes (1, 1) (plain decoding: no drafter, no trie), two online estimates:
 
 - tokens committed per active row and step (from ``num_out`` and ``steps``, which the loop
-  reads at its host reads anyway);
+  reads at its host reads anyway), per row bucket, drawn slightly toward all buckets' figure;
 - seconds per step at the current number of active rows (from the wall clock between those
   reads; rows are bucketed by powers of two), and each entry's step time relative to plain
   decoding's, measured across consecutive windows of two entries: other processes slow both
@@ -19,7 +19,7 @@ for one short window (calibration). An entry that is not winning is measured aga
 drifts with the text, and an entry judged on a bad start must get another chance), but only out of
 an exploration budget: a re-measurement is expected to lose ``probe`` steps x (its seconds per
 step) x (1 - its throughput / the best's), and runs once ``explore`` times the time decoded since
-the entry last ran covers that loss. So re-measuring costs at most a fraction ``explore`` of the
+the entry last ran (at the current row bucket) covers that loss. So re-measuring costs at most a fraction ``explore`` of the
 time per entry: a near-tie is checked often, for almost nothing, an entry far behind rarely (a fixed
 re-try schedule lost 8% of a short sampled run at batch 8 to probes of shapes that never paid).
 Decisions happen only at host reads, never inside a step;
@@ -73,13 +73,14 @@ class SpeculationPolicy:
     probe: int = 2
     explore: float = 0.005
     smoothing: float = 0.5
-    tokens_per_row_step: dict = field(default_factory=dict)  # (context, entry) -> tokens
+    tokens_per_row_step: dict = field(default_factory=dict)  # (context, entry) -> tokens, all row buckets
     seconds_per_step: dict = field(default_factory=dict)  # (context, entry, row bucket) -> seconds
     cost_ratio: dict = field(default_factory=dict)  # (context, entry, row bucket) -> step time / (1, 1)'s
     _prev: dict = field(default_factory=dict, init=False, repr=False)  # (context, bucket) -> last window
     _ratio_hist: dict = field(default_factory=dict, init=False, repr=False)  # key -> recent log ratios
     _sums: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry) -> (tokens, row-steps)
-    _clock: float = field(default=0.0, init=False, repr=False)  # seconds observed, all windows
+    _bucket_sums: dict = field(default_factory=dict, init=False, repr=False)  # key -> (tokens/row-step x steps, steps)
+    _clock: dict = field(default_factory=dict, init=False, repr=False)  # (context, bucket) -> seconds observed
     _last_run: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry, bucket) -> _clock
 
     def __post_init__(self) -> None:
@@ -131,8 +132,11 @@ class SpeculationPolicy:
         # (on a loaded 2-core machine one entry's windows varied 2x; a plain average followed that)
         self._ema(self.seconds_per_step, key, seconds / steps, steps, up=0.25)
         self._pair(context, entry, _bucket(rows), seconds / steps, steps)
-        self._clock += max(0.0, seconds)
-        self._last_run[key] = self._clock
+        # the exploration budget accrues per row bucket: a batch that visits 8 rows for a few steps
+        # now and then must not spend there a budget earned at 1 row (the small model's 8-row runs
+        # of ~15 steps re-measured every entry each time, 6 of those steps)
+        clock = self._clock[(context, _bucket(rows))] = self._clock.get((context, _bucket(rows)), 0.0) + max(0.0, seconds)
+        self._last_run[key] = clock
         if row_steps > 0:
             # acceptance: a row-step-weighted average over about the entry's last 8 windows. It varies
             # with the text from window to window, and an entry left after a bad window keeps that
@@ -142,6 +146,11 @@ class SpeculationPolicy:
             T, S = T * keep + tokens, S * keep + row_steps
             self._sums[(context, entry)] = (T, S)
             self.tokens_per_row_step[(context, entry)] = T / S
+            # and per row bucket: judged by its slowest row (``PolicyWindows(laggard=)``) a batch of 8
+            # gains less per step than one row, and more so for long drafts; a pooled estimate kept
+            # the 1-row figure for shapes that had not run lately and picked them at 8 rows
+            A, S = self._bucket_sums.get(key, (0.0, 0.0))
+            self._bucket_sums[key] = (A * keep + tokens / row_steps * steps, S * keep + steps)
 
     def _pair(self, context, entry: tuple[int, int], bucket: int, t: float, steps: int) -> None:
         """Cost ratios from this window and the one before it at this bucket (another entry's)."""
@@ -171,12 +180,22 @@ class SpeculationPolicy:
         del hist[:-7]
         self.cost_ratio[key] = math.exp(statistics.median(hist))
 
+    def acceptance(self, entry: tuple[int, int], rows: int, context=None) -> float | None:
+        """Tokens committed per row-step by ``entry`` with ``rows`` active rows: measured at that row
+        bucket, drawn toward the estimate over all buckets by one step's weight (a 2-step
+        calibration window alone is noisy); None when never measured."""
+        pooled = self.tokens_per_row_step.get((context, entry))
+        if pooled is None:
+            return None
+        A, S = self._bucket_sums.get((context, entry, _bucket(rows)), (0.0, 0.0))
+        return (A + pooled) / (S + 1.0)
+
     def predicted_throughput(self, entry: tuple[int, int], rows: int, context=None) -> float | None:
         """Predicted tokens per second with ``rows`` active rows, None when not yet measured."""
         b = _bucket(rows)
         t_ar = self.seconds_per_step.get((context, _AR, b))
         r = self.cost_ratio.get((context, entry, b))
-        a = 1.0 if entry[1] == 1 else self.tokens_per_row_step.get((context, entry))  # L = 1 commits one
+        a = 1.0 if entry[1] == 1 else self.acceptance(entry, rows, context)  # L = 1 commits one
         if t_ar is None or r is None or a is None:
             return None
         return a * rows / max(t_ar * r, 1e-12)
@@ -197,7 +216,7 @@ class SpeculationPolicy:
             key = (context, entry, bucket)
             shortfall = 1.0 - tps[entry] / tps[best] if tps[best] > 0 else 0.0
             loss = self.probe * self.seconds_per_step[(context, _AR, bucket)] * self.cost_ratio[key] * shortfall
-            if (self._clock - self._last_run.get(key, 0.0)) * self.explore > loss:
+            if (self._clock.get((context, bucket), 0.0) - self._last_run.get(key, 0.0)) * self.explore > loss:
                 return entry, self.probe
         return best, self.window
 
