@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .policy import PolicyWindows, SpeculationPolicy
+
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """The ranges of ``SamplingParams``: temperature finite >= 0, top_k int >= 0, top_p in (0, 1]."""
@@ -202,29 +204,32 @@ def run_until_done(step: Callable[[], None], progress: Callable[[], tuple[bool, 
     return calls
 
 
-def policy_arg(beam_width, beam_length, policy, cls):
-    """The ``SpeculationPolicy`` (``cls``) a ``generate`` call runs under, or None for a fixed
-    shape: ``policy`` itself, or a fresh one when W and L are both ``"auto"``."""
+def policy_arg(beam_width, beam_length, policy) -> SpeculationPolicy | None:
+    """The ``SpeculationPolicy`` a ``generate`` call runs under, or None for a fixed shape:
+    ``policy`` itself, or a fresh one when W and L are both ``"auto"``."""
     auto = (beam_width == "auto", beam_length == "auto")
     if any(auto) and not all(auto):
         raise ValueError("generate: beam_width and beam_length are 'auto' together (a policy picks both), "
                          f"got {beam_width!r}, {beam_length!r}")
     if policy is None and all(auto):
-        policy = cls()
-    if policy is not None and not isinstance(policy, cls):
+        policy = SpeculationPolicy()
+    if policy is not None and not isinstance(policy, SpeculationPolicy):
         raise TypeError(f"generate: policy must be a SpeculationPolicy, got {type(policy).__name__}")
     return policy
 
 
 def run_policy(step: Callable[[int, int], None], progress: Callable[[], tuple[bool, int, int, int, int, int]],
-               windows: Any, max_new_tokens: int, check_every: int, eos: bool) -> int:
-    """The decode loop of ``generate`` under a speculation policy: at each read, ``windows`` (a
-    ``policy.PolicyWindows``) picks (W, L) and a window length from the rows' progress, and is told
-    the window's cost and gain when it ends; ``step(W, L)`` runs one step. ``progress()`` is one
+               policy: SpeculationPolicy, sampling: Any, max_new_tokens: int, check_every: int, eos: bool) -> int:
+    """The decode loop of ``generate`` under a ``SpeculationPolicy``: at each read, the policy picks
+    (W, L) and a window length from the rows' progress, and is told the window's cost and gain when
+    it ends (``policy.PolicyWindows``, its estimates kept per sampling setting: None or an object
+    with ``temperature``, ``top_k``, ``top_p``); ``step(W, L)`` runs one step. ``progress()`` is one
     host read: (every row done, fewest tokens an active row may still write, active rows, tokens
     written, row-steps taken, fewest tokens an active row has written). The window keeps the loop's
     own reads (EOS, limits) inside it; it is judged by the slowest row's progress, which is what
     ends the batch. Returns the number of steps."""
+    context = None if sampling is None else (float(sampling.temperature), int(sampling.top_k), float(sampling.top_p))
+    windows = PolicyWindows(policy, context)
     done, remaining, rows, tokens, row_steps, lag = progress()
     calls = 0
     while not done and calls < max_new_tokens:

@@ -46,7 +46,7 @@ from ._generate_common import (
 )
 from ._shape_checks import num_nodes_max
 from .models import PagedKV
-from .policy import PolicyWindows, SpeculationPolicy
+from .policy import SpeculationPolicy
 from .profiling import StageTimer
 from .sampling import sample_inverse_cdf, sampling_probs
 
@@ -327,13 +327,10 @@ def _run_policy(target, drafter, state: DecodeState, policy: SpeculationPolicy, 
                 **step_kw) -> GenerateOutput:
     """generate's loop under a ``SpeculationPolicy``: at each read, the rows' progress and the wall
     clock since the last read update the policy, which picks (W, L) for the next window."""
-    sp = step_kw["sampling"]
-    context = None if sp is None else (float(sp.temperature), int(sp.top_k), float(sp.top_p))
-
     def step(W: int, L: int) -> None:
         decode_step(target, drafter, state, beam_width=W, beam_length=L, check_room=False, **step_kw)
 
-    calls = run_policy(step, lambda: _progress(state), PolicyWindows(policy, context), state.max_new_tokens,
+    calls = run_policy(step, lambda: _progress(state), policy, step_kw["sampling"], state.max_new_tokens,
                        check_every, state.eos_id is not None)
     return _finish(state, calls)
 
@@ -478,7 +475,7 @@ def generate(
         reproducible for a given seed.
     """
     check_every = check_every_arg(check_every, target.embed_weight.device)
-    policy = policy_arg(beam_width, beam_length, policy, SpeculationPolicy)
+    policy = policy_arg(beam_width, beam_length, policy)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
     if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
         state = _start(target, prompts, max_new_tokens, max(policy.max_nodes, policy.max_length), eos_id, max_len,

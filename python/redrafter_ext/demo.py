@@ -26,10 +26,10 @@ import torch
 
 from . import ops as native_ops
 from . import reference
+from ._generate_common import policy_arg
 from .decode import autoregressive_generate, generate
 from .drafter import Drafter, DrafterConfig
 from .models import LlamaConfig, LlamaTarget
-from .policy import SpeculationPolicy
 from .profiling import STAGES, StageTimer, choose_threads, load_and_threads
 
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
@@ -210,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         items = text.heldout(a.prompts, a.prompt_chars)
     W, L, B = a.beam_width, a.beam_length, a.batch_size
-    if (W == "auto") != (L == "auto"):
-        print("[demo] error: -W and -L are 'auto' together (the policy picks both) or both numbers", file=sys.stderr)
+    try:  # one policy for every prompt, as an engine keeps one
+        policy = policy_arg(W, L, None)
+    except ValueError as e:
+        print(f"[demo] error: -W/-L: {e}", file=sys.stderr)
         return 2
-    policy = SpeculationPolicy() if W == "auto" else None
     N = policy.max_nodes if policy else 1 + W * (L - 1)
     shape = (f"W=auto L=auto (speculation policy over {' '.join(f'{w}x{n}' for w, n in policy.menu)})" if policy
              else f"W={W} L={L}")

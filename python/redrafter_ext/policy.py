@@ -126,16 +126,17 @@ class SpeculationPolicy:
         ``seconds`` and committed ``tokens`` over ``row_steps`` active row-steps."""
         if steps <= 0 or rows <= 0:
             return
-        key = (context, entry, _bucket(rows))
+        bucket = _bucket(rows)
+        key = (context, entry, bucket)
         # other processes only ever slow a step down: a slow window moves the estimate a quarter as
         # much as a fast one, so that entries are compared by what they cost, not by when they ran
         # (on a loaded 2-core machine one entry's windows varied 2x; a plain average followed that)
         self._ema(self.seconds_per_step, key, seconds / steps, steps, up=0.25)
-        self._pair(context, entry, _bucket(rows), seconds / steps, steps)
+        self._pair(context, entry, bucket, seconds / steps, steps)
         # the exploration budget accrues per row bucket: a batch that visits 8 rows for a few steps
         # now and then must not spend there a budget earned at 1 row (the small model's 8-row runs
         # of ~15 steps re-measured every entry each time, 6 of those steps)
-        clock = self._clock[(context, _bucket(rows))] = self._clock.get((context, _bucket(rows)), 0.0) + max(0.0, seconds)
+        clock = self._clock[(context, bucket)] = self._clock.get((context, bucket), 0.0) + max(0.0, seconds)
         self._last_run[key] = clock
         if row_steps > 0:
             # acceptance: a row-step-weighted average over about the entry's last 8 windows. It varies

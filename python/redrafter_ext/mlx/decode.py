@@ -30,7 +30,7 @@ import mlx.core as mx
 from .. import _generate_common as common  # the host-side parts both backends' loops share
 from .._generate_common import GenerateOutput, Verified
 from .._shape_checks import OPS, num_nodes_max
-from ..policy import PolicyWindows, SpeculationPolicy
+from ..policy import SpeculationPolicy
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
 from .sampling import sample_inverse_cdf, sampling_probs
@@ -396,7 +396,7 @@ def generate(
         sampling: distributed as ``autoregressive_generate``'s, reproducible for a given seed.
     """
     common.check_every_arg(check_every)
-    policy = common.policy_arg(beam_width, beam_length, policy, SpeculationPolicy)
+    policy = common.policy_arg(beam_width, beam_length, policy)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     ops = ops or default_ops()
     if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
@@ -409,10 +409,8 @@ def generate(
                                     check_room=False)
             mx.async_eval(box[0].arrays())
 
-        context = None if sampling is None else (float(sampling.temperature), int(sampling.top_k),
-                                                 float(sampling.top_p))
-        calls = common.run_policy(step_wl, lambda: _progress_full(box[0]), PolicyWindows(policy, context),
-                                  max_new_tokens, check_every, eos_id is not None)
+        calls = common.run_policy(step_wl, lambda: _progress_full(box[0]), policy, sampling, max_new_tokens,
+                                  check_every, eos_id is not None)
         return _finish(box[0], calls)
     N = num_nodes_max(beam_width, beam_length)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
