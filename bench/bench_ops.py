@@ -3,7 +3,8 @@
 Every configuration is first checked (native == reference: integer outputs exact, beam_topk scores
 within 1e-4), then timed. One line per (op, shape): median and spread (interquartile range) of the
 reference and of the native op, the number of timed runs of each, the speedup, and the bandwidth
-where it means something (beam_topk: logits bytes read; kv_compact: K/V bytes read + written).
+where it means something (beam_topk: logits bytes read; kv_compact: K/V bytes read + written;
+skinny_linear: weight bytes read, its "reference" being ``F.linear`` over the unpacked weight).
 
     python bench/bench_ops.py            # the full grid (several minutes on 2 busy cores)
     python bench/bench_ops.py --quick    # a smoke run: one small shape per op
@@ -36,11 +37,14 @@ class Bench:
         self.runs, self.ref_budget = runs, ref_budget
         self.rows: list[tuple[str, float]] = []
 
-    def line(self, op, shape, args, setup=None, nbytes=None):
-        """Time ``reference.<op>(*args)`` and ``ops.<op>(*args)``."""
-        r = timed(lambda: getattr(ref, op)(*args), setup, self.runs, self.ref_budget)
-        n = timed(lambda: getattr(ops, op)(*args), setup, self.runs, float("inf"))
-        (rm, ri), (nm, ni) = stats_ms(r), stats_ms(n)
+    def line(self, op, shape, args, setup=None, nbytes=None, ref_fn=None, native_fn=None, calls=1):
+        """Time ``reference.<op>(*args)`` and ``ops.<op>(*args)`` (or ``ref_fn()`` and ``native_fn()``,
+        each making ``calls`` calls: the times printed are per call)."""
+        ref_fn = ref_fn or (lambda: getattr(ref, op)(*args))
+        native_fn = native_fn or (lambda: getattr(ops, op)(*args))
+        r = timed(ref_fn, setup, self.runs, self.ref_budget)
+        n = timed(native_fn, setup, self.runs, float("inf"))
+        (rm, ri), (nm, ni) = (tuple(v / calls for v in stats_ms(t)) for t in (r, n))
         gbs = f"{nbytes / (nm * 1e-3) / 1e9:6.1f}" if nbytes else f"{'':>6}"
         print(
             f"{op:<14} {shape:<44} {rm:9.3f} {ri:8.3f} {len(r):3d}  {nm:9.3f} {ni:8.3f} {len(n):3d}"
@@ -175,12 +179,38 @@ def bench_kv_compact(bench, grid, n_layers, H, S, D, W, g):
         del kv
 
 
+def bench_skinny_linear(bench, grid, g):
+    """skinny_linear against what a model would otherwise run, ``F.linear`` over the row-major
+    weight (MKL: a GEMV for one row, a GEMM that repacks the weight for more). Each timed call
+    multiplies by a stack of distinct weights of ~128 MB, so the weights come from memory as in a
+    forward of a real model, not from cache; times and GB/s are per weight."""
+    for (N, K), M in grid:
+        count = max(1, (128 << 20) // (N * K * 4))
+        ws = [torch.randn(N, K, generator=g) for _ in range(count)]
+        packed = [ref.skinny_pack(w) for w in ws]
+        x = torch.randn(M, K, generator=g)
+        shape = f"M={M} N={N} K={K} fp32 (x{count} weights)"
+        want = torch.nn.functional.linear(x, ws[0])
+        if not torch.allclose(ops.skinny_linear(x, packed[0], N), want, atol=1e-4, rtol=1e-4):
+            fail("skinny_linear", shape, "values")
+        # the model's call, torch.ops.redrafter.skinny_linear: no Python-side checks
+        native = functools.partial(torch.ops.redrafter.skinny_linear, out_features=N)
+        bench.line("skinny_linear", shape, None, nbytes=N * K * 4,
+                   ref_fn=functools.partial(_each, torch.nn.functional.linear, x, ws),
+                   native_fn=functools.partial(_each, native, x, packed), calls=count)
+
+
+def _each(fn, x, weights):
+    for w in weights:
+        fn(x, w)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one small shape per op (smoke run)")
     p.add_argument("--runs", type=int, default=20, help="timed runs per line (native always gets them)")
     p.add_argument("--ref-budget", type=float, default=20.0, help="seconds of reference timing per line")
-    p.add_argument("--ops", default="tree_mask,beam_topk,build_trie,verify_greedy,kv_compact")
+    p.add_argument("--ops", default="tree_mask,beam_topk,build_trie,verify_greedy,kv_compact,skinny_linear")
     p.add_argument("--kv-layers", type=int, default=32)
     p.add_argument("--kv-seq", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
@@ -211,6 +241,11 @@ def main():
         bench_verify_greedy(bench, list(itertools.product(Bs, Ws, Ls, Vs)), torch.bfloat16, g)
     if "kv_compact" in want:
         bench_kv_compact(bench, list(itertools.product(Bs, Ls)), kv_layers, 8, kv_seq, 128, 64, g)
+    if "skinny_linear" in want:
+        # SmolLM2-135M's layer shapes and LM head; rows of a decode step, trees, batches of trees
+        shapes = ((1536, 576), (576, 1536), (49152, 576))
+        rows = (1, 4, 8) if args.quick else (1, 2, 4, 8, 16, 32)
+        bench_skinny_linear(bench, list(itertools.product(shapes[:1] if args.quick else shapes, rows)), g)
     worst: dict[str, float] = {}
     for op, s in bench.rows:
         worst[op] = min(s, worst.get(op, float("inf")))

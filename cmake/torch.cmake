@@ -53,6 +53,7 @@ set(REDRAFTER_TORCH_SOURCES
   csrc/torch/ops_cpu.cpp
   ${REDRAFTER_CPU_KERNELS}
   csrc/cpu/kv_compact_paged.cpp
+  csrc/cpu/skinny_linear.cpp
 )
 
 # CUDA: compiled when nvcc is found; the module links cudart statically so it imports anywhere.
@@ -88,6 +89,16 @@ target_compile_options(_C PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-O3 -Werror=all-warnings --expt-relaxed-constexpr>)
 target_link_directories(_C PRIVATE ${_torch_libdir})
 target_link_libraries(_C PRIVATE c10 torch torch_cpu)
+# at::parallel_for is a header template: compiled without OpenMP it runs every range on one thread
+# (torch's Linux wheels are built with AT_PARALLEL_OPENMP). Only the CPU launchers need it; the
+# module then shares the libgomp.so.1 that torch has already loaded.
+find_package(OpenMP COMPONENTS CXX)
+if(OpenMP_CXX_FOUND)
+  set_property(SOURCE csrc/torch/ops_cpu.cpp APPEND PROPERTY COMPILE_OPTIONS ${OpenMP_CXX_FLAGS})
+  target_link_libraries(_C PRIVATE OpenMP::OpenMP_CXX)
+else()
+  message(STATUS "redrafter_ext: OpenMP not found, the CPU kernels run on one thread")
+endif()
 if(REDRAFTER_HAVE_CUDA)
   target_compile_definitions(_C PRIVATE REDRAFTER_WITH_CUDA=1)
   set_target_properties(_C PROPERTIES CUDA_RUNTIME_LIBRARY Static)

@@ -98,4 +98,13 @@ void kv_compact_paged(uint8_t* pages, int64_t num_blocks, int64_t B, int64_t H, 
                       int64_t slot_bytes, const int32_t* block_table, int64_t max_blocks, const int32_t* cache_len,
                       const I* path_nodes, int64_t L, const I* accept_len, int64_t unit_begin, int64_t unit_end);
 
+// skinny_linear: y [M, N] = x [M, K] @ W^T (+ bias [N]) for few rows M, all float32 and contiguous,
+// over W [N, K] packed as [ceil(N/4), ceil(K/16), 4, 16] (zero-padded: packed[t, j, r, i] =
+// W[4t + r, 16j + i]). Output tiles (rows 4t..4t+3 of W) [tile_begin, tile_end); bias may be null.
+// Each y[m, n] is computed in one fixed order, independent of M and of the tile range.
+constexpr int64_t kSkinnyTileRows = 4;
+constexpr int64_t kSkinnyTileDepth = 16;
+void skinny_linear(const float* x, int64_t M, int64_t K, const float* packed, const float* bias, int64_t N,
+                   float* y, int64_t tile_begin, int64_t tile_end);
+
 }  // namespace redrafter::cpu

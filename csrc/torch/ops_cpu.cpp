@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -356,8 +357,54 @@ void kv_compact_paged_cpu(const at::Tensor& kv_pages, const at::Tensor& block_ta
   finish_kv_compact(cache_len, args);
 }
 
+// ---------------------------------------------------------------------------------------------
+// skinny_linear: CPU only (on CUDA a GEMM library already reads the weight once at small M)
+
+at::Tensor skinny_linear_cpu(const at::Tensor& x_in, const at::Tensor& packed_in, int64_t out_features,
+                             const std::optional<at::Tensor>& bias_in) {
+  constexpr const char* op = "skinny_linear";
+  constexpr int64_t NR = cpu::kSkinnyTileRows, KB = cpu::kSkinnyTileDepth;
+  TORCH_CHECK_VALUE(x_in.dim() == 2, op, ": x must be 2-D (M, K), got ", x_in.dim(), " dims");
+  TORCH_CHECK_VALUE(out_features >= 0, op, ": out_features must be >= 0, got ", out_features);
+  const int64_t M = x_in.size(0), K = x_in.size(1), N = out_features;
+  const int64_t tiles = (N + NR - 1) / NR, kblocks = (K + KB - 1) / KB;
+  TORCH_CHECK_VALUE(packed_in.dim() == 4 && packed_in.size(0) == tiles && packed_in.size(1) == kblocks &&
+                        packed_in.size(2) == NR && packed_in.size(3) == KB,
+                    op, ": packed must have shape (ceil(out_features/4), ceil(K/16), 4, 16) = (", tiles, ", ",
+                    kblocks, ", 4, 16) for out_features=", N, " and x's K=", K, ", got ", packed_in.sizes());
+  TORCH_CHECK_TYPE(x_in.scalar_type() == at::kFloat, op, ": x must be float32, got ", x_in.scalar_type());
+  TORCH_CHECK_TYPE(packed_in.scalar_type() == at::kFloat, op, ": packed must be float32, got ",
+                   packed_in.scalar_type());
+  TORCH_CHECK_VALUE(x_in.is_cpu(), op, ": x must be a CPU tensor (this op has only a CPU kernel)");
+  TORCH_CHECK_VALUE(packed_in.is_cpu(), op, ": packed must be a CPU tensor, like x");
+  at::Tensor bias;
+  if (bias_in.has_value()) {
+    bias = *bias_in;
+    TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == N, op, ": bias must have shape (out_features,) = (", N,
+                      "), got ", bias.sizes());
+    TORCH_CHECK_TYPE(bias.scalar_type() == at::kFloat, op, ": bias must be float32, got ", bias.scalar_type());
+    TORCH_CHECK_VALUE(bias.is_cpu(), op, ": bias must be a CPU tensor, like x");
+    bias = bias.contiguous();
+  }
+  const at::Tensor x = x_in.contiguous(), packed = packed_in.contiguous();
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  if (K == 0) return bias.defined() ? y.copy_(bias.expand({M, N})) : y.zero_();
+  const float* xp = x.const_data_ptr<float>();
+  const float* wp = packed.const_data_ptr<float>();
+  const float* bp = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  float* yp = y.mutable_data_ptr<float>();
+  // threads split the output rows: ~64 KB of weight per task at least
+  const int64_t grain = std::max<int64_t>(16, 16384 / (kblocks * KB));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) { cpu::skinny_linear(xp, M, K, wp, bp, N, yp, t0, t1); });
+  return y;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(redrafter, CPU, m) { REDRAFTER_IMPL_ALL(m, cpu); }
+TORCH_LIBRARY_IMPL(redrafter, CPU, m) {
+  REDRAFTER_IMPL_ALL(m, cpu);
+  m.impl("skinny_linear", &skinny_linear_cpu);
+}
 
 }  // namespace redrafter

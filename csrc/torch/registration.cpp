@@ -17,4 +17,6 @@ TORCH_LIBRARY(redrafter, m) {
   m.def(
       "kv_compact_paged(Tensor(a!) kv_pages, Tensor block_table, Tensor(b!) cache_len, Tensor path_nodes, "
       "Tensor accept_len) -> ()");
+  // y [M, N] = x [M, K] @ W^T (+ bias) over W packed as [ceil(N/4), ceil(K/16), 4, 16]; CPU only
+  m.def("skinny_linear(Tensor x, Tensor packed, int out_features, Tensor? bias=None) -> Tensor");
 }

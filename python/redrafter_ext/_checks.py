@@ -77,3 +77,24 @@ def check_verify_sample(
 def check_sampling_args(op: str, temperature: float, top_k: int, top_p: float) -> None:
     """temperature finite >= 0, top_k an int >= 0, top_p in (0, 1]; bools and 2.5-style top_k rejected."""
     _TORCH.sampling_args(op, temperature, top_k, top_p)
+
+
+SKINNY_TILE = (4, 16)  # (output rows, inputs) of one packed tile of skinny_linear's weight
+
+
+def check_skinny_linear(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None) -> None:
+    """x (M, K) float32; packed (ceil(N/4), ceil(K/16), 4, 16) float32 on x's device; bias None or (N,)."""
+    op = "skinny_linear"
+    check_tensor(op, "x", x, "M, K", (torch.float32,))
+    check_tensor(op, "packed", packed, "ceil(N/4), ceil(K/16), 4, 16", (torch.float32,), x.device)
+    if isinstance(out_features, bool) or not isinstance(out_features, int) or out_features < 0:
+        raise ValueError(f"{op}: out_features must be an int >= 0, got {out_features!r}")
+    nr, kb = SKINNY_TILE
+    want = (-(-out_features // nr), -(-x.shape[1] // kb), nr, kb)
+    if tuple(packed.shape) != want:
+        raise ValueError(f"{op}: packed must have shape (ceil(out_features/4), ceil(K/16), 4, 16) = {want} for "
+                         f"out_features={out_features} and x's K={x.shape[1]}, got {tuple(packed.shape)}")
+    if bias is not None:
+        check_tensor(op, "bias", bias, "N", (torch.float32,), x.device)
+        if bias.shape[0] != out_features:
+            raise ValueError(f"{op}: bias must have shape (out_features,) = ({out_features},), got {tuple(bias.shape)}")

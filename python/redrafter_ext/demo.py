@@ -46,7 +46,7 @@ def load_models(folder: Path, random_weights: bool, drafter_dtype: torch.dtype |
     """
     tdir, ddir = folder / "target", folder / "drafter"
     if not random_weights and (tdir / "config.json").is_file() and (ddir / "drafter_config.json").is_file():
-        target = LlamaTarget.from_pretrained(tdir, dtype=torch.float32)
+        target = LlamaTarget.from_pretrained(tdir, dtype=torch.float32).use_packed_weights()
         # the drafter runs at small M (W rows), where reading bf16 weights beats float32 compute
         drafter = Drafter.from_pretrained(ddir, dtype=drafter_dtype)
         tok = None

@@ -198,8 +198,9 @@ def load_model(
             f"load_model: no drafter at {dfolder} (drafter_config.json); train one with "
             f"`./run.sh train drafter --target {folder} --out {dfolder}` or pass drafter=FOLDER"
         )
-    # multi-token forwards (prefill, tree verify) on column-major weight copies: see the method
-    target = LlamaTarget.from_pretrained(folder, dtype=dtype, device=device).use_column_major_copies()
+    # few-row forwards (decode steps, tree verifies) on packed weights, more rows (prefill, large
+    # batches) on column-major copies: see the two methods
+    target = LlamaTarget.from_pretrained(folder, dtype=dtype, device=device).use_packed_weights().use_column_major_copies()
     d = Drafter.from_pretrained(dfolder, dtype=drafter_dtype, device=device)
     if d.config.hidden_size != target.hidden_size:
         raise ValueError(f"load_model: drafter hidden size {d.config.hidden_size} != target's {target.hidden_size}")

@@ -21,6 +21,7 @@ from ._checks import (
     check_kv_compact,
     check_kv_compact_paged,
     check_sampling_args,
+    check_skinny_linear,
     check_tree_mask,
     check_verify_greedy,
     check_verify_sample,
@@ -29,8 +30,10 @@ from ._shape_checks import OPS, num_nodes_max
 
 # the registered ops: each has a CPU and a CUDA kernel (tests/test_build.py checks both)
 NATIVE_OPS = (*OPS, "kv_compact_paged")
+# registered with a CPU kernel only (on a GPU a GEMM library already does this well)
+CPU_OPS = ("skinny_linear",)
 
-__all__ = [*NATIVE_OPS, "NATIVE_OPS"]
+__all__ = [*NATIVE_OPS, *CPU_OPS, "NATIVE_OPS", "CPU_OPS"]
 
 
 def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:
@@ -392,3 +395,48 @@ def _kv_compact_paged_fake(
 ) -> None:
     # in place, no outputs: only the metadata checks
     check_kv_compact_paged(kv_pages, block_table, cache_len, path_nodes, accept_len)
+
+
+def skinny_linear(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T (+ bias)`` for a few rows of x, over ``packed = reference.skinny_pack(weight)``
+    (native CPU kernel).
+
+    A decode step or tree verify multiplies a handful of rows by each weight: the product is bound
+    by reading the weight, which this kernel streams once whatever the number of rows (a GEMM
+    repacks it per call, a GEMV reads it once per row). Each output is summed in a fixed order, so
+    a row's result does not depend on the other rows of the call. Float32 on the CPU only.
+
+    Parameters
+    ----------
+    x : Tensor
+        ``(M, K)`` float32 (CPU).
+    packed : Tensor
+        ``(ceil(N/4), ceil(K/16), 4, 16)`` float32: the ``(N, K)`` weight in 4 x 16 tiles, zero-padded.
+    out_features : int
+        N, the weight's rows.
+    bias : Tensor, optional
+        ``(N,)`` float32.
+
+    Returns
+    -------
+    Tensor
+        ``(M, N)`` float32.
+
+    Examples
+    --------
+    >>> from redrafter_ext.reference import skinny_pack
+    >>> w = torch.arange(6.0).reshape(3, 2); x = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
+    >>> skinny_linear(x, skinny_pack(w), 3)
+    tensor([[ 1.,  5.,  9.],
+            [-1., -1., -1.]])
+    """
+    check_skinny_linear(x, packed, out_features, bias)
+    if x.device.type != "cpu":
+        raise ValueError(f"skinny_linear: x must be a CPU tensor (this op has only a CPU kernel), got {x.device}")
+    return torch.ops.redrafter.skinny_linear(x, packed, out_features, bias)
+
+
+@torch.library.register_fake("redrafter::skinny_linear")
+def _skinny_linear_fake(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None = None) -> Tensor:
+    check_skinny_linear(x, packed, out_features, bias)
+    return x.new_empty((x.shape[0], out_features))

@@ -21,6 +21,7 @@ from ._checks import (
     check_build_trie,
     check_kv_compact,
     check_kv_compact_paged,
+    check_skinny_linear,
     check_tree_mask,
     check_verify_greedy,
     check_verify_sample,
@@ -28,7 +29,7 @@ from ._checks import (
 from ._shape_checks import OPS, nodes_ok, num_nodes_max, parents_ok, token_ids_ok
 from .sampling import sample_inverse_cdf, sampling_probs
 
-__all__ = [*OPS, "kv_compact_paged", "check_kv_compact_paged", "num_nodes_max", "sampling_probs", "sample_inverse_cdf"]
+__all__ = [*OPS, "kv_compact_paged", "skinny_linear", "skinny_pack", "check_kv_compact_paged", "num_nodes_max", "sampling_probs", "sample_inverse_cdf"]
 
 
 def beam_topk(
@@ -436,3 +437,39 @@ def kv_compact_paged(
     moved = kv_pages[:, pick(src_blk), :, :, pick(src_off)]  # [B, L, n_layers, 2, H, D]
     kv_pages[:, pick(dst_blk), :, :, pick(dst_off)] = moved
     cache_len.add_((acc + 1).to(cache_len.dtype))
+
+
+def skinny_pack(weight: Tensor) -> Tensor:
+    """Pack a linear layer's ``weight (N, K)`` float32 for ``skinny_linear``.
+
+    Returns ``(ceil(N/4), ceil(K/16), 4, 16)`` float32, zero-padded: ``packed[t, j, r, i] =
+    weight[4t + r, 16j + i]``. Every 4 output rows x 16 inputs form one contiguous 256-byte tile,
+    so a product with a few rows of x reads the weight as one sequential stream.
+    """
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        raise ValueError(f"skinny_pack: weight must be a 2-D (N, K) tensor, got "
+                         f"{tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
+    if weight.dtype != torch.float32:
+        raise TypeError(f"skinny_pack: weight must be float32, got {weight.dtype}")
+    N, K = weight.shape
+    Np, Kp = -(-N // 4) * 4, -(-K // 16) * 16
+    w = torch.nn.functional.pad(weight.detach(), (0, Kp - K, 0, Np - N))
+    return w.view(Np // 4, 4, Kp // 16, 16).permute(0, 2, 1, 3).contiguous()
+
+
+def skinny_linear(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T (+ bias)`` over a weight packed by ``skinny_pack``.
+
+    Args:
+        x: ``(M, K)`` float32.
+        packed: ``(ceil(N/4), ceil(K/16), 4, 16)`` float32, ``skinny_pack(weight)``, on x's device.
+        out_features: N.
+        bias: ``(N,)`` float32 or None.
+
+    Returns:
+        ``(M, N)`` float32.
+    """
+    check_skinny_linear(x, packed, out_features, bias)
+    T, KB, NR, KW = packed.shape
+    weight = packed.permute(0, 2, 1, 3).reshape(T * NR, KB * KW)[:out_features, : x.shape[1]]
+    return torch.nn.functional.linear(x, weight, bias)
