@@ -11,17 +11,7 @@
 #include <cstring>
 
 #include "cpu/kernels.h"
-
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define RD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define RD_CLONES
-#endif
-#if defined(__GNUC__)
-#define RD_INLINE inline __attribute__((always_inline))
-#else
-#define RD_INLINE inline
-#endif
+#include "cpu/target.h"
 
 namespace redrafter::cpu {
 namespace {
@@ -100,7 +90,7 @@ RD_INLINE void pass(const float* x, int64_t K, const float* packed, const float*
 
 }  // namespace
 
-RD_CLONES void skinny_linear(const float* x, int64_t M, int64_t K, const float* packed, const float* bias,
+RD_CLONES("arch=x86-64-v4", "arch=x86-64-v3") void skinny_linear(const float* x, int64_t M, int64_t K, const float* packed, const float* bias,
                              int64_t N, float* y, int64_t tile_begin, int64_t tile_end) {
   if (M <= kMR) {  // one pass: no blocking needed
     switch (M) {

@@ -3,16 +3,9 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define RD_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define RD_CLONES
-#endif
-#if defined(__GNUC__)
-#define RD_INLINE inline __attribute__((always_inline))
-#else
-#define RD_INLINE inline
-#endif
+#include "cpu/target.h"
+
+#define RD_VEC_CLONES RD_CLONES("avx2")
 
 namespace redrafter::cpu::vec {
 namespace {
@@ -67,7 +60,7 @@ RD_INLINE float exp_nonpositive(float x) {
 
 }  // namespace
 
-RD_CLONES BlockMax block_max(const float* x, int64_t n) {
+RD_VEC_CLONES BlockMax block_max(const float* x, int64_t n) {
   const float ninf = -std::numeric_limits<float>::infinity();
   f8 m0 = splat(ninf), m1 = splat(ninf);
   i8 nan0 = i8{}, nan1 = i8{};
@@ -94,7 +87,7 @@ RD_CLONES BlockMax block_max(const float* x, int64_t n) {
   return {m, nan};
 }
 
-RD_CLONES double block_sum_exp(const float* x, int64_t n, float m) {
+RD_VEC_CLONES double block_sum_exp(const float* x, int64_t n, float m) {
   const f8 mv = splat(m);
   f8 s0 = splat(0.0f), s1 = splat(0.0f);
   int64_t i = 0;
@@ -109,7 +102,7 @@ RD_CLONES double block_sum_exp(const float* x, int64_t n, float m) {
   return s;
 }
 
-RD_CLONES int64_t collect_above(const float* x, int64_t n, float t, int32_t* idx) {
+RD_VEC_CLONES int64_t collect_above(const float* x, int64_t n, float t, int32_t* idx) {
   const f8 tv = splat(t);
   int64_t c = 0, i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -155,7 +148,7 @@ RD_INLINE f8 half8_to_float(u16x8 h) {
   return f;
 }
 
-RD_CLONES void half_to_float(const uint16_t* src, float* dst, int64_t n) {
+RD_VEC_CLONES void half_to_float(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     u16x8 h;
@@ -173,7 +166,7 @@ RD_CLONES void half_to_float(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
-RD_CLONES void bfloat16_to_float(const uint16_t* src, float* dst, int64_t n) {
+RD_VEC_CLONES void bfloat16_to_float(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
     std::memcpy(dst + i, &bits, 4);
