@@ -7,6 +7,7 @@
 // lanes per tile. Each output is summed in the same order whatever M and the thread split are, so
 // a row's result does not depend on the rows beside it (a tree verify's linears then match a
 // one-token step bit for bit).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -40,8 +41,7 @@ RD_INLINE float hsum(f16v v) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-// One tile (output rows 4t..4t+3) for MR rows of x. xtail: the rows' last, zero-padded 16 inputs
-// (the packed weight is zero there too), so a short K costs no scalar loop and no read past x.
+// One 16-input block of a tile: 4 weight rows times MR rows of x into the accumulators.
 template <int MR>
 RD_INLINE void fma_block(const float* p, const f16v (&xv)[MR], f16v (&acc)[kNR][MR]) {
   for (int r = 0; r < kNR; ++r) __builtin_prefetch(p + r * kKB + kPrefetch, 0, 3);
@@ -51,6 +51,8 @@ RD_INLINE void fma_block(const float* p, const f16v (&xv)[MR], f16v (&acc)[kNR][
   }
 }
 
+// One tile (output rows 4t..4t+3) for MR rows of x. xtail: the rows' last, zero-padded 16 inputs
+// (the packed weight is zero there too), so a short K costs no scalar loop and no read past x.
 template <int MR>
 RD_INLINE void tile(const float* x, int64_t K, const float* xtail, const float* wt, const float* bias, int64_t N,
                     float* y, int64_t t) {
@@ -88,30 +90,30 @@ RD_INLINE void pass(const float* x, int64_t K, const float* packed, const float*
   for (int64_t t = t0; t < t1; ++t) tile<MR>(x, K, xtail, packed + t * kblocks * kNR * kKB, bias, N, y, t);
 }
 
+// Rows m..m+n-1 of x (1 <= n <= 4) over tiles [t0, t1).
+RD_INLINE void pass_rows(int64_t n, const float* x, int64_t K, const float* packed, const float* bias, int64_t N,
+                         float* y, int64_t t0, int64_t t1) {
+  switch (n) {
+    case 4: pass<4>(x, K, packed, bias, N, y, t0, t1); break;
+    case 3: pass<3>(x, K, packed, bias, N, y, t0, t1); break;
+    case 2: pass<2>(x, K, packed, bias, N, y, t0, t1); break;
+    case 1: pass<1>(x, K, packed, bias, N, y, t0, t1); break;
+    default: break;
+  }
+}
+
 }  // namespace
 
-RD_CLONES("arch=x86-64-v4", "arch=x86-64-v3") void skinny_linear(const float* x, int64_t M, int64_t K, const float* packed, const float* bias,
-                             int64_t N, float* y, int64_t tile_begin, int64_t tile_end) {
-  if (M <= kMR) {  // one pass: no blocking needed
-    switch (M) {
-      case 4: pass<4>(x, K, packed, bias, N, y, tile_begin, tile_end); break;
-      case 3: pass<3>(x, K, packed, bias, N, y, tile_begin, tile_end); break;
-      case 2: pass<2>(x, K, packed, bias, N, y, tile_begin, tile_end); break;
-      case 1: pass<1>(x, K, packed, bias, N, y, tile_begin, tile_end); break;
-      default: break;
-    }
-    return;
-  }
-  // Blocks of tiles stay in L2 while every pass of 4 x rows reads them (one trip to memory).
-  for (int64_t b0 = tile_begin; b0 < tile_end; b0 += kBlockTiles) {
-    const int64_t b1 = b0 + kBlockTiles < tile_end ? b0 + kBlockTiles : tile_end;
-    int64_t m = 0;
-    for (; m + kMR <= M; m += kMR) pass<4>(x + m * K, K, packed, bias, N, y + m * N, b0, b1);
-    switch (M - m) {
-      case 3: pass<3>(x + m * K, K, packed, bias, N, y + m * N, b0, b1); break;
-      case 2: pass<2>(x + m * K, K, packed, bias, N, y + m * N, b0, b1); break;
-      case 1: pass<1>(x + m * K, K, packed, bias, N, y + m * N, b0, b1); break;
-      default: break;
+RD_CLONES("arch=x86-64-v4", "arch=x86-64-v3")
+void skinny_linear(const float* x, int64_t M, int64_t K, const float* packed, const float* bias, int64_t N, float* y,
+                   int64_t tile_begin, int64_t tile_end) {
+  // More than 4 rows: blocks of tiles stay in L2 while every pass of 4 x rows reads them (one trip
+  // to memory). Up to 4 rows: one pass over the whole range.
+  const int64_t block = M <= kMR ? std::max<int64_t>(1, tile_end - tile_begin) : kBlockTiles;
+  for (int64_t b0 = tile_begin; b0 < tile_end; b0 += block) {
+    const int64_t b1 = std::min(b0 + block, tile_end);
+    for (int64_t m = 0; m < M; m += kMR) {
+      pass_rows(std::min(kMR, M - m), x + m * K, K, packed, bias, N, y + m * N, b0, b1);
     }
   }
 }

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ._checks import (
+    SKINNY_TILE,
     check_beam_topk,
     check_build_trie,
     check_kv_compact,
@@ -452,9 +453,10 @@ def skinny_pack(weight: Tensor) -> Tensor:
     if weight.dtype != torch.float32:
         raise TypeError(f"skinny_pack: weight must be float32, got {weight.dtype}")
     N, K = weight.shape
-    Np, Kp = -(-N // 4) * 4, -(-K // 16) * 16
+    nr, kb = SKINNY_TILE
+    Np, Kp = -(-N // nr) * nr, -(-K // kb) * kb
     w = torch.nn.functional.pad(weight.detach(), (0, Kp - K, 0, Np - N))
-    return w.view(Np // 4, 4, Kp // 16, 16).permute(0, 2, 1, 3).contiguous()
+    return w.view(Np // nr, nr, Kp // kb, kb).permute(0, 2, 1, 3).contiguous()
 
 
 def skinny_linear(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None = None) -> Tensor:
