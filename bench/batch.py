@@ -11,8 +11,9 @@ menu is (1, 1) plus the static shapes; one policy object for the whole run, as a
 so it calibrates once per row bucket and temperature). Rows stop at EOS at different steps: by
 default (``--eos auto``) a chat model's own EOS, otherwise a token the model emits early in some
 rows and never in others. Greedy: before timing, every method's outputs are checked equal to
-batch-1 AR, row by row. Runs are interleaved: round i runs every method once, in an order rotated
-by i, so that a change of load hits all alike; a method's speedup is the median over rounds of its
+batch-1 AR, row by row. Runs are interleaved: round i decodes each batch of B prompts with every
+method in turn, in an order rotated by the round and the batch, so that a change of load hits all
+alike; a method's speedup is the median over rounds of its
 tokens/s over AR's in the same round (spread min..max); each row records the load average and the
 thread count, and a speedup above tokens per step is flagged ``suspect``.
 
@@ -40,7 +41,7 @@ import torch
 import redrafter_ext as rx
 from redrafter_ext.demo import CHECKPOINTS, DEFAULT_MODEL, DTYPES, load_named, load_prompt_ids
 from redrafter_ext.policy import SpeculationPolicy
-from redrafter_ext.profiling import choose_threads
+from redrafter_ext.profiling import choose_threads, cpu_name
 
 HEADER = ["method", "B", "W", "L", "rows", "tokens", "tok_s", "tok_s_spread", "ms_per_token", "tokens_per_step",
           "idle_steps", "speedup", "speedup_spread", "suspect", "best_static", "vs_best", "temperature",
@@ -73,18 +74,28 @@ def mixed_prompts(text, n: int, vocab: int) -> list[list[int]]:
 def run(fn, prompts: list[list[int]], B: int) -> dict:
     """Decode ``prompts`` in batches of B: the rows' tokens, wall seconds, ms per token of a running
     row, per-row decode steps summed, and steps run after every row of a batch was done."""
-    tokens, wall, lat, steps, idle = [], 0.0, [], 0, 0
-    for s in range(0, len(prompts), B):
-        t0 = time.perf_counter()
-        out = fn(prompts[s : s + B])
-        dt = time.perf_counter() - t0
-        wall += dt
-        tokens += out.tokens
-        steps += sum(out.steps)
-        idle += out.calls - max(out.steps)
-        lat.append(1e3 * dt / max(1, max(map(len, out.tokens))))
-    return {"tokens": tokens, "n": sum(map(len, tokens)), "wall": wall, "lat": statistics.mean(lat),
-            "steps": steps, "idle": idle}
+    return run_round({"m": fn}, ["m"], prompts, B, 0)["m"]
+
+
+def run_round(methods: dict, names: list[str], prompts: list[list[int]], B: int, rnd: int) -> dict:
+    """One round: each batch of B prompts decoded by every method in turn (the order rotated by
+    round and batch), so that a change of load within the round hits every method alike (a round
+    of whole runs one after another put seconds between them: on a shared machine per-round ratios
+    then spread 0.7..1.05 for the same work). Per method, as ``run``."""
+    acc = {name: {"tokens": [], "wall": 0.0, "lat": [], "steps": 0, "idle": 0} for name in names}
+    for j, s in enumerate(range(0, len(prompts), B)):
+        k = (rnd + j) % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            out = methods[name](prompts[s : s + B])
+            dt = time.perf_counter() - t0
+            r = acc[name]
+            r["wall"] += dt
+            r["tokens"] += out.tokens
+            r["steps"] += sum(out.steps)
+            r["idle"] += out.calls - max(out.steps)
+            r["lat"].append(1e3 * dt / max(1, max(map(len, out.tokens))))
+    return {name: {**r, "n": sum(map(len, r["tokens"])), "lat": statistics.mean(r["lat"])} for name, r in acc.items()}
 
 
 def parse_configs(items: list[str]) -> list[tuple[int, int]]:
@@ -172,7 +183,7 @@ def main(argv=None) -> int:
     policy = SpeculationPolicy(menu=((1, 1), *configs))
     ddt = "auto (bf16 at B=1, float32 above)" if a.drafter_dtype == "auto" else next(drafter.parameters()).dtype
     mode = "greedy" if greedy else f"sampling T={a.temperature} seed={a.seed}"
-    print(f"# {desc}; torch {torch.__version__}, {torch.get_num_threads()} threads; {mode}; static "
+    print(f"# {desc}; {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads; {mode}; static "
           f"{' '.join(f'{w}x{length}' for w, length in configs)} and the policy over them plus 1x1; drafter {ddt}; "
           f"rows per B {n_rows}; {len(prompts)} prompts of {min(map(len, prompts))}..{max(map(len, prompts))} "
           f"tokens; eos={eos}; max {M} new tokens; median of {a.runs} interleaved rounds; load average "
@@ -206,9 +217,9 @@ def main(argv=None) -> int:
                     return 1
             res = {name: [] for name in names}
             load0 = os.getloadavg()[0]
-            for i in range(a.runs):  # every method once per round, the order rotated by the round
-                for name in names[i % len(names):] + names[: i % len(names)]:
-                    res[name].append(run(methods[name], work, B))
+            for i in range(a.runs):  # every method once per round, interleaved batch by batch
+                for name, r in run_round(methods, names, work, B, i).items():
+                    res[name].append(r)
             load = round((load0 + os.getloadavg()[0]) / 2, 2)
             out_b = {}
             for name in names:

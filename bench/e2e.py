@@ -32,7 +32,7 @@ import torch
 import redrafter_ext as rx
 from redrafter_ext.demo import DEFAULT_MODEL, DTYPES, load_named
 from redrafter_ext.policy import SpeculationPolicy
-from redrafter_ext.profiling import STAGES, StageTimer, choose_threads
+from redrafter_ext.profiling import STAGES, StageTimer, choose_threads, cpu_name
 
 HEADER = ["B", "W", "L", "N", "ar_tok_s", "ar_spread", "rd_tok_s", "rd_spread", "speedup", "speedup_min",
           "speedup_max", "tokens_per_step", "nodes_per_step", "suspect", "rows_equal_ar", "vs_best", *[f"ms_{s}" for s in STAGES],
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     eos = target.config.eos_token_id
     a.out.mkdir(parents=True, exist_ok=True)
     mode = "greedy" if greedy else f"sampling T={a.temperature} top_k={a.top_k} top_p={a.top_p} seed={a.seed}"
-    print(f"# {desc}; target {a.dtype}; torch {torch.__version__}, {threads} threads, load "
+    print(f"# {desc}; {cpu_name()}; target {a.dtype}; torch {torch.__version__}, {threads} threads, load "
           f"{os.getloadavg()[0]:.2f} at start; {a.runs} interleaved runs per method, spread = min..max; "
           f"{a.max_new_tokens} new tokens per prompt; {mode}")
     print(" | ".join(HEADER))

@@ -64,7 +64,7 @@ def test_picks_the_best_entry_when_drafting_pays_and_follows_the_batch():
 def test_measures_a_losing_entry_again_out_of_an_exploration_budget():
     # acceptance drifts: an entry judged on a bad start gets another window, once the time decoded
     # since it last ran, times `explore`, covers what re-measuring it is expected to lose
-    p = SpeculationPolicy(menu=((1, 8),), explore=0.04, probe=2, window=4)
+    p = SpeculationPolicy(menu=((1, 8),), explore=0.04, probe=2, window=4, margin=0.0)  # margin: below
     feed(p, (1, 1), 1, 0.010, 1.0)
     feed(p, (1, 8), 1, 0.030, 1.5)  # a poor first measurement: half of AR's throughput
     # a re-measurement: 2 steps x 0.030 s x (1 - 0.5) = 0.03 s lost, paid for by 0.75 s of decoding,
@@ -116,7 +116,7 @@ def test_re_measuring_costs_at_most_the_budget(explore):
 
 
 @pytest.mark.parametrize("bad", [dict(menu=((0, 4),)), dict(menu=((1,),)), dict(window=0), dict(probe=2.5),
-                                 dict(smoothing=0.0), dict(explore=-0.1),
+                                 dict(smoothing=0.0), dict(explore=-0.1), dict(margin=-0.01), dict(margin=1.0),
                                  dict(explore=1.5)])
 def test_rejects_bad_settings(bad):
     with pytest.raises(ValueError, match="SpeculationPolicy"):
@@ -130,7 +130,7 @@ class Scripted(SpeculationPolicy):
         super().__init__(menu=menu)
         self.script, self.i = list(script), 0
 
-    def choose(self, rows, context=None):
+    def choose(self, rows, context=None, batch=None):
         entry, n = self.script[self.i % len(self.script)]
         self.i += 1
         return entry, n
@@ -302,3 +302,44 @@ def test_acceptance_is_kept_per_row_bucket():
     tp1 = {e: p.predicted_throughput(e, 1) for e in p.menu}
     assert max(tp1, key=tp1.get) == (1, 8), tp1
     assert p.acceptance((2, 4), 8) is None  # not on the menu, never measured
+
+
+def test_step_cost_follows_the_batch_acceptance_the_active_rows():
+    # generate keeps finished rows in its fixed-shape batch: 2 rows left of 8 still cost 8 rows' step
+    p = SpeculationPolicy(menu=((1, 4),))
+    for batch, t_ar, t4 in [(2, 0.010, 0.015), (8, 0.012, 0.048)]:  # drafting pays at 2 rows, not at 8
+        p.observe((1, 1), 2, 4, 4 * t_ar, 4, 4, batch=batch)
+        p.observe((1, 4), 2, 4, 4 * t4, 12, 4, batch=batch)  # 3 tokens per step of the slowest row
+    assert p.choose(2, batch=2)[0] == (1, 4)
+    assert p.choose(2, batch=8)[0] == (1, 1)  # priced at 8 rows, judged by the 2 active ones
+    assert p.choose(2, batch=5)[0] == (1, 1)  # 5 rows: the 8-row bucket
+    assert p.choose(8, batch=2)[0] == p.choose(8)[0]  # a batch never holds fewer rows than are active
+    assert p.seconds_per_step[(None, (1, 4), 8)] == pytest.approx(0.048)
+    # windows carry the batch to the estimates
+    w = rx.policy.PolicyWindows(p)
+    entry, _ = w.choose(1, 0, 0, laggard=0, batch=16)
+    assert entry == (1, 1)  # nothing measured at 16 rows: plain decoding calibrates first
+    w.observe(2, 2, 2, laggard=2)
+    assert (None, (1, 1), 16) in p.seconds_per_step and (None, (1, 1), 1) not in p.seconds_per_step
+
+
+def test_generate_prices_steps_by_its_whole_batch(target):
+    seen = []
+
+    class Recording(SpeculationPolicy):
+        def choose(self, rows, context=None, batch=None):
+            seen.append((rows, batch))
+            return super().choose(rows, context, batch)
+
+    out = rx.generate(target, random_drafter(target, seed=1), PROMPTS, 12, policy=Recording(menu=((1, 3),)),
+                      eos_id=3)
+    assert out.tokens == rx.autoregressive_generate(target, PROMPTS, 12, eos_id=3).tokens
+    assert seen and all(batch == len(PROMPTS) and 1 <= rows <= len(PROMPTS) for rows, batch in seen), seen
+
+
+def test_drafting_must_beat_plain_decoding_by_the_margin():
+    for margin, a4, want in [(0.03, 3.05, (1, 1)), (0.03, 3.2, (1, 4)), (0.0, 3.05, (1, 4))]:
+        p = SpeculationPolicy(menu=((1, 4),), margin=margin, explore=0.0)  # no re-measurement
+        feed(p, (1, 1), 4, 0.010, 1.0)
+        feed(p, (1, 4), 4, 0.030, a4)  # 3.05 tokens for 3 steps' time: a 1.7% gain, inside 3%
+        assert p.choose(4)[0] == want, (margin, a4)

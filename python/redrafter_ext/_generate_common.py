@@ -219,7 +219,8 @@ def policy_arg(beam_width, beam_length, policy) -> SpeculationPolicy | None:
 
 
 def run_policy(step: Callable[[int, int], None], progress: Callable[[], tuple[bool, int, int, int, int, int]],
-               policy: SpeculationPolicy, sampling: Any, max_new_tokens: int, check_every: int, eos: bool) -> int:
+               policy: SpeculationPolicy, sampling: Any, max_new_tokens: int, check_every: int, eos: bool,
+               batch: int | None = None) -> int:
     """The decode loop of ``generate`` under a ``SpeculationPolicy``: at each read, the policy picks
     (W, L) and a window length from the rows' progress, and is told the window's cost and gain when
     it ends (``policy.PolicyWindows``, its estimates kept per sampling setting: None or an object
@@ -227,13 +228,14 @@ def run_policy(step: Callable[[int, int], None], progress: Callable[[], tuple[bo
     host read: (every row done, fewest tokens an active row may still write, active rows, tokens
     written, row-steps taken, fewest tokens an active row has written). The window keeps the loop's
     own reads (EOS, limits) inside it; it is judged by the slowest row's progress, which is what
-    ends the batch. Returns the number of steps."""
+    ends the batch. ``batch``: the rows every step computes (finished ones included), which set its
+    cost. Returns the number of steps."""
     context = None if sampling is None else (float(sampling.temperature), int(sampling.top_k), float(sampling.top_p))
     windows = PolicyWindows(policy, context)
     done, remaining, rows, tokens, row_steps, lag = progress()
     calls = 0
     while not done and calls < max_new_tokens:
-        (W, L), n = windows.choose(rows, tokens, row_steps, laggard=lag)
+        (W, L), n = windows.choose(rows, tokens, row_steps, laggard=lag, batch=batch)
         n, ran = min(n, max_new_tokens - calls), 0
         while ran < n and not done:
             k = min(n - ran, steps_until_check(check_every, remaining, L, eos))

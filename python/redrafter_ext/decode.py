@@ -331,7 +331,7 @@ def _run_policy(target, drafter, state: DecodeState, policy: SpeculationPolicy, 
         decode_step(target, drafter, state, beam_width=W, beam_length=L, check_room=False, **step_kw)
 
     calls = run_policy(step, lambda: _progress(state), policy, step_kw["sampling"], state.max_new_tokens,
-                       check_every, state.eos_id is not None)
+                       check_every, state.eos_id is not None, batch=state.token.shape[0])
     return _finish(state, calls)
 
 

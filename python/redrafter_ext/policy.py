@@ -8,18 +8,21 @@ includes (1, 1) (plain decoding: no drafter, no trie), two online estimates:
 
 - tokens committed per active row and step (from ``num_out`` and ``steps``, which the loop
   reads at its host reads anyway), per row bucket, drawn slightly toward all buckets' figure;
-- seconds per step at the current number of active rows (from the wall clock between those
-  reads; rows are bucketed by powers of two), and each entry's step time relative to plain
-  decoding's, measured across consecutive windows of two entries: other processes slow both
-  alike, so the ratio holds where the absolute times of windows run minutes apart do not.
+- seconds per step at the current batch (the rows a step computes, bucketed by powers of two:
+  ``generate`` keeps finished rows in its fixed-shape batch, so a batch of 8 with 2 rows left
+  costs what 8 rows cost; a server that drops finished rows passes its active rows), and each
+  entry's step time relative to plain decoding's, measured across consecutive windows of two
+  entries: other processes slow both alike, so the ratio holds where the absolute times of
+  windows run minutes apart do not.
 
 At each read it returns the entry with the highest predicted throughput, ``tokens per row-step *
-rows / (plain decoding's seconds per step * the entry's cost ratio)``; an entry with no measurement at the current row bucket is tried first
-for one short window (calibration). An entry that is not winning is measured again (acceptance
+rows / (plain decoding's seconds per step * the entry's cost ratio)``, plain decoding unless a
+drafting entry beats it by ``margin``; an entry with no measurement at the current batch bucket is
+tried first for one short window (calibration). An entry that is not winning is measured again (acceptance
 drifts with the text, and an entry judged on a bad start must get another chance), but only out of
 an exploration budget: a re-measurement is expected to lose ``probe`` steps x (its seconds per
 step) x (1 - its throughput / the best's), and runs once ``explore`` times the time decoded since
-the entry last ran (at the current row bucket) covers that loss. So re-measuring costs at most a fraction ``explore`` of the
+the entry last ran (at the current batch and row buckets) covers that loss. So re-measuring costs at most a fraction ``explore`` of the
 time per entry: a near-tie is checked often, for almost nothing, an entry far behind rarely (a fixed
 re-try schedule lost 8% of a short sampled run at batch 8 to probes of shapes that never paid).
 Decisions happen only at host reads, never inside a step;
@@ -51,6 +54,12 @@ def _bucket(rows: int) -> int:
     return 1 << max(0, int(rows) - 1).bit_length()
 
 
+def _buckets(rows: int, batch: int | None) -> tuple[int, int]:
+    """(cost bucket, acceptance bucket): the batch a step computes prices it, the active rows say
+    how much of it is progress (``batch`` None: the active rows are the batch)."""
+    return _bucket(max(int(rows), int(batch or 0))), _bucket(rows)
+
+
 @dataclass
 class SpeculationPolicy:
     """Chooses (W, L) from ``menu`` by measured throughput (see the module docstring).
@@ -58,6 +67,8 @@ class SpeculationPolicy:
     menu       (W, L) pairs, W >= 1, L >= 1; (1, 1) is added when missing
     window     steps between the policy's reads of the rows' progress (its decision points)
     probe      steps of a calibration window (an entry not yet measured at this row bucket)
+    margin     how much more throughput than plain decoding a drafting entry must promise to be
+               chosen (0.03: 3%)
     explore    the fraction of decoding time that re-measuring entries which are not winning may
                cost, per entry (see the module docstring)
     smoothing  weight of the newest full window in the step-time estimates (0 < smoothing <= 1); a
@@ -73,16 +84,19 @@ class SpeculationPolicy:
     window: int = 4
     probe: int = 2
     explore: float = 0.005
+    margin: float = 0.03
     smoothing: float = 0.5
     tokens_per_row_step: dict = field(default_factory=dict)  # (context, entry) -> tokens, all row buckets
-    seconds_per_step: dict = field(default_factory=dict)  # (context, entry, row bucket) -> seconds
-    cost_ratio: dict = field(default_factory=dict)  # (context, entry, row bucket) -> step time / (1, 1)'s
-    _prev: dict = field(default_factory=dict, init=False, repr=False)  # (context, bucket) -> last window
+    seconds_per_step: dict = field(default_factory=dict)  # (context, entry, batch bucket) -> seconds
+    cost_ratio: dict = field(default_factory=dict)  # (context, entry, batch bucket) -> step time / (1, 1)'s
+    _prev: dict = field(default_factory=dict, init=False, repr=False)  # (context, batch bucket) -> last window
     _ratio_hist: dict = field(default_factory=dict, init=False, repr=False)  # key -> recent log ratios
     _sums: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry) -> (tokens, row-steps)
-    _bucket_sums: dict = field(default_factory=dict, init=False, repr=False)  # key -> (tokens/row-step x steps, steps)
-    _clock: dict = field(default_factory=dict, init=False, repr=False)  # (context, bucket) -> seconds observed
-    _last_run: dict = field(default_factory=dict, init=False, repr=False)  # (context, entry, bucket) -> _clock
+    # (context, entry, row bucket) -> (tokens/row-step x steps, steps)
+    _bucket_sums: dict = field(default_factory=dict, init=False, repr=False)
+    # (context, batch bucket, row bucket) -> seconds observed; (context, entry, buckets) -> _clock at its last run
+    _clock: dict = field(default_factory=dict, init=False, repr=False)
+    _last_run: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         menu = []
@@ -100,6 +114,8 @@ class SpeculationPolicy:
                 raise ValueError(f"SpeculationPolicy: {name} must be an int >= 1, got {v!r}")
         if isinstance(self.explore, bool) or not isinstance(self.explore, (int, float)) or not 0 <= self.explore <= 1:
             raise ValueError(f"SpeculationPolicy: explore must be in [0, 1], got {self.explore!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 1:
+            raise ValueError(f"SpeculationPolicy: margin must be in [0, 1), got {self.margin!r}")
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"SpeculationPolicy: smoothing must be in (0, 1], got {self.smoothing!r}")
 
@@ -122,23 +138,25 @@ class SpeculationPolicy:
         table[key] = value if old is None else old + w * (value - old)
 
     def observe(self, entry: tuple[int, int], rows: int, steps: int, seconds: float, tokens: int,
-                row_steps: int, context=None) -> None:
-        """One window: ``steps`` steps of ``entry`` with ``rows`` active rows at its start took
-        ``seconds`` and committed ``tokens`` over ``row_steps`` active row-steps."""
+                row_steps: int, context=None, batch: int | None = None) -> None:
+        """One window: ``steps`` steps of ``entry`` with ``rows`` active rows at its start, in a
+        batch of ``batch`` rows (None: ``rows``), took ``seconds`` and committed ``tokens`` over
+        ``row_steps`` active row-steps."""
         if steps <= 0 or rows <= 0:
             return
-        bucket = _bucket(rows)
+        bucket, rbucket = _buckets(rows, batch)
         key = (context, entry, bucket)
         # other processes only ever slow a step down: a slow window moves the estimate a quarter as
         # much as a fast one, so that entries are compared by what they cost, not by when they ran
         # (on a loaded 2-core machine one entry's windows varied 2x; a plain average followed that)
         self._ema(self.seconds_per_step, key, seconds / steps, steps, up=0.25)
         self._pair(context, entry, bucket, seconds / steps, steps)
-        # the exploration budget accrues per row bucket: a batch that visits 8 rows for a few steps
-        # now and then must not spend there a budget earned at 1 row (the small model's 8-row runs
-        # of ~15 steps re-measured every entry each time, 6 of those steps)
-        clock = self._clock[(context, bucket)] = self._clock.get((context, bucket), 0.0) + max(0.0, seconds)
-        self._last_run[key] = clock
+        # the exploration budget accrues per batch and row bucket: a batch that visits 8 rows for a
+        # few steps now and then must not spend there a budget earned at 1 row (the small model's
+        # 8-row runs of ~15 steps re-measured every entry each time, 6 of those steps)
+        where = (context, bucket, rbucket)
+        clock = self._clock[where] = self._clock.get(where, 0.0) + max(0.0, seconds)
+        self._last_run[(context, entry, bucket, rbucket)] = clock
         if row_steps > 0:
             # acceptance: a row-step-weighted average over about the entry's last 8 windows. It varies
             # with the text from window to window, and an entry left after a bad window keeps that
@@ -151,8 +169,9 @@ class SpeculationPolicy:
             # and per row bucket: judged by its slowest row (``PolicyWindows(laggard=)``) a batch of 8
             # gains less per step than one row, and more so for long drafts; a pooled estimate kept
             # the 1-row figure for shapes that had not run lately and picked them at 8 rows
-            A, S = self._bucket_sums.get(key, (0.0, 0.0))
-            self._bucket_sums[key] = (A * keep + tokens / row_steps * steps, S * keep + steps)
+            akey = (context, entry, rbucket)
+            A, S = self._bucket_sums.get(akey, (0.0, 0.0))
+            self._bucket_sums[akey] = (A * keep + tokens / row_steps * steps, S * keep + steps)
 
     def _pair(self, context, entry: tuple[int, int], bucket: int, t: float, steps: int) -> None:
         """Cost ratios from this window and the one before it at this bucket (another entry's)."""
@@ -192,9 +211,11 @@ class SpeculationPolicy:
         A, S = self._bucket_sums.get((context, entry, _bucket(rows)), (0.0, 0.0))
         return (A + pooled) / (S + 1.0)
 
-    def predicted_throughput(self, entry: tuple[int, int], rows: int, context=None) -> float | None:
-        """Predicted tokens per second with ``rows`` active rows, None when not yet measured."""
-        b = _bucket(rows)
+    def predicted_throughput(self, entry: tuple[int, int], rows: int, context=None,
+                             batch: int | None = None) -> float | None:
+        """Predicted tokens per second with ``rows`` active rows in a batch of ``batch`` (None:
+        ``rows``), None when not yet measured."""
+        b = _buckets(rows, batch)[0]
         t_ar = self.seconds_per_step.get((context, _AR, b))
         r = self.cost_ratio.get((context, entry, b))
         a = 1.0 if entry[1] == 1 else self.acceptance(entry, rows, context)  # L = 1 commits one
@@ -202,23 +223,30 @@ class SpeculationPolicy:
             return None
         return a * rows / max(t_ar * r, 1e-12)
 
-    def choose(self, rows: int, context=None) -> tuple[tuple[int, int], int]:
-        """The entry to run next with ``rows`` active rows, and for how many steps."""
-        bucket = _bucket(rows)
+    def choose(self, rows: int, context=None, batch: int | None = None) -> tuple[tuple[int, int], int]:
+        """The entry to run next with ``rows`` active rows in a batch of ``batch`` (None: ``rows``),
+        and for how many steps."""
+        bucket, rbucket = _buckets(rows, batch)
         tps = {}
         for entry in (_AR, *(e for e in self.menu if e != _AR)):  # plain decoding first: the yardstick
-            tp = self.predicted_throughput(entry, rows, context)
+            tp = self.predicted_throughput(entry, rows, context, batch)
             if tp is None:
                 return entry, self.probe  # calibration: measure it once at this bucket
             tps[entry] = tp
-        best = max(self.menu, key=tps.__getitem__)  # the first of equals: (1, 1) leads the menu
+        # drafting must beat plain decoding by ``margin``: a near tie gains nothing, and following
+        # noisy near ties between AR and 1x4 ran the small model at 0.92x AR at 2-4 rows, where every
+        # fixed shape was within 0.93-1.03x of AR
+        score = {e: tp if e == _AR else tp / (1.0 + self.margin) for e, tp in tps.items()}
+        best = max(self.menu, key=score.__getitem__)  # the first of equals: (1, 1) leads the menu
         for entry in self.menu:  # re-measure a loser once the budget since it last ran covers its expected loss
             if entry == best:
                 continue
-            key = (context, entry, bucket)
-            shortfall = 1.0 - tps[entry] / tps[best] if tps[best] > 0 else 0.0
-            loss = self.probe * self.seconds_per_step[(context, _AR, bucket)] * self.cost_ratio[key] * shortfall
-            if (self._clock.get((context, bucket), 0.0) - self._last_run.get(key, 0.0)) * self.explore > loss:
+            shortfall = 1.0 - score[entry] / score[best] if score[best] > 0 else 0.0
+            loss = (self.probe * self.seconds_per_step[(context, _AR, bucket)]
+                    * self.cost_ratio[(context, entry, bucket)] * shortfall)
+            since = (self._clock.get((context, bucket, rbucket), 0.0)
+                     - self._last_run.get((context, entry, bucket, rbucket), 0.0))
+            if since * self.explore > loss:
                 return entry, self.probe
         return best, self.window
 
@@ -230,7 +258,7 @@ class PolicyWindows:
     An engine calling ``decode_step`` itself, at each of its host reads::
 
         windows = PolicyWindows(policy, context)          # context: e.g. the sampling options
-        (W, L), n = windows.choose(active_rows, tokens, row_steps)
+        (W, L), n = windows.choose(active_rows, tokens, row_steps)  # batch=: rows a step computes
         ... n (or fewer) decode_step(..., beam_width=W, beam_length=L) ...
         windows.observe(steps_run, tokens, row_steps)      # counters read after the window
 
@@ -242,30 +270,35 @@ class PolicyWindows:
     by that row's progress per step instead of the mean row's (at 32 rows of the small model, the
     mean row accepted 4 tokens per 1x8 step, which beat plain decoding on paper, but the batch took
     2x as long as plain decoding waiting for its slowest rows). A server that refills rows leaves it out.
+    Such a batch also keeps computing its finished rows: pass ``batch`` (the rows a step computes) so
+    that step time is looked up for that batch, not for the rows still active (at 8 rows of the small
+    model with 2 left, 2-row costs picked 1x4, which costs 1.4x what it does at 2 rows).
     """
 
     def __init__(self, policy: SpeculationPolicy, context=None) -> None:
         self.policy, self.context = policy, context
-        self._open = None  # (entry, rows, tokens, row_steps, laggard, t0) of the window in flight
+        self._open = None  # (entry, rows, batch, tokens, row_steps, laggard, t0) of the window in flight
 
-    def choose(self, rows: int, tokens: int, row_steps: int, laggard: int | None = None) -> tuple[tuple[int, int], int]:
+    def choose(self, rows: int, tokens: int, row_steps: int, laggard: int | None = None,
+               batch: int | None = None) -> tuple[tuple[int, int], int]:
         """The entry for the next window and its length in steps; starts the window's clock."""
         rows = max(1, int(rows))
-        entry, n = self.policy.choose(rows, self.context)
-        self._open = (entry, rows, int(tokens), int(row_steps), laggard, time.perf_counter())
+        entry, n = self.policy.choose(rows, self.context, batch)
+        self._open = (entry, rows, batch, int(tokens), int(row_steps), laggard, time.perf_counter())
         return entry, n
 
     def observe(self, steps: int, tokens: int, row_steps: int, laggard: int | None = None) -> None:
         """End the window in flight after ``steps`` steps (a no-op when none is open)."""
         if self._open is None:
             return
-        entry, rows, tok0, rs0, lag0, t0 = self._open
+        entry, rows, batch, tok0, rs0, lag0, t0 = self._open
         self._open = None
         seconds = time.perf_counter() - t0
         if lag0 is not None and laggard is not None:
             # the slowest row's tokens per step (a step commits at most L; a laggard stopped by EOS
             # hands the title to the next row, whose count may be higher: capped there)
             gain = max(0, min(int(laggard) - int(lag0), steps * entry[1]))
-            self.policy.observe(entry, rows, steps, seconds, gain, steps, self.context)
+            self.policy.observe(entry, rows, steps, seconds, gain, steps, self.context, batch)
         else:
-            self.policy.observe(entry, rows, steps, seconds, int(tokens) - tok0, int(row_steps) - rs0, self.context)
+            self.policy.observe(entry, rows, steps, seconds, int(tokens) - tok0, int(row_steps) - rs0, self.context,
+                                batch)

@@ -110,6 +110,21 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_name() -> str:
+    """The CPU's model name, for a benchmark's header (the same run differs 1.3x between this
+    project's machines)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def choose_threads(requested: int | None = None) -> tuple[int, str | None]:
     """Torch CPU threads for timing runs, and a warning when other load competes with them.
 

@@ -410,7 +410,7 @@ def generate(
             mx.async_eval(box[0].arrays())
 
         calls = common.run_policy(step_wl, lambda: _progress_full(box[0]), policy, sampling, max_new_tokens,
-                                  check_every, eos_id is not None)
+                                  check_every, eos_id is not None, batch=state.token.shape[0])
         return _finish(box[0], calls)
     N = num_nodes_max(beam_width, beam_length)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
