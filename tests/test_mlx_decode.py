@@ -148,7 +148,7 @@ class _Scripted(SpeculationPolicy):
         super().__init__(menu=menu)
         self.script, self.i = list(script), 0
 
-    def choose(self, rows, context=None):
+    def choose(self, rows, context=None, batch=None):
         self.i += 1
         return self.script[(self.i - 1) % len(self.script)]
 

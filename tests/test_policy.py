@@ -343,3 +343,19 @@ def test_drafting_must_beat_plain_decoding_by_the_margin():
         feed(p, (1, 1), 4, 0.010, 1.0)
         feed(p, (1, 4), 4, 0.030, a4)  # 3.05 tokens for 3 steps' time: a 1.7% gain, inside 3%
         assert p.choose(4)[0] == want, (margin, a4)
+
+
+def test_generate_checks_its_state_once_per_shape(target, monkeypatch):
+    from redrafter_ext.decode import DecodeState
+
+    shapes = []
+    check = DecodeState.check
+    monkeypatch.setattr(DecodeState, "check", lambda self, t, W, L: (shapes.append((W, L)), check(self, t, W, L))[1])
+    drafter = random_drafter(target, seed=1)
+    out = rx.generate(target, drafter, PROMPTS, 12, beam_width=2, beam_length=3)
+    assert out.calls > 1 and shapes == [(2, 3)]  # the loop's own state: checked at its first step only
+    shapes.clear()
+    script = [((1, 1), 1), ((2, 3), 2), ((1, 1), 2), ((2, 3), 1)]
+    out = rx.generate(target, drafter, PROMPTS, 12, policy=Scripted(script, menu=((2, 3),)))
+    assert out.tokens == rx.autoregressive_generate(target, PROMPTS, 12).tokens
+    assert shapes == [(1, 1), (2, 3)]

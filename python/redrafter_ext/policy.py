@@ -21,10 +21,13 @@ drafting entry beats it by ``margin``; an entry with no measurement at the curre
 tried first for one short window (calibration). An entry that is not winning is measured again (acceptance
 drifts with the text, and an entry judged on a bad start must get another chance), but only out of
 an exploration budget: a re-measurement is expected to lose ``probe`` steps x (its seconds per
-step) x (1 - its throughput / the best's), and runs once ``explore`` times the time decoded since
-the entry last ran (at the current batch and row buckets) covers that loss. So re-measuring costs at most a fraction ``explore`` of the
-time per entry: a near-tie is checked often, for almost nothing, an entry far behind rarely (a fixed
-re-try schedule lost 8% of a short sampled run at batch 8 to probes of shapes that never paid).
+step) x (1 - its throughput / the best's), and runs once its share of ``explore`` (split evenly
+among the entries that are not winning) times the time decoded since the entry last ran (at the
+current batch and row buckets) covers that loss. So re-measuring costs about a fraction ``explore``
+of the time, all entries together: a near-tie is checked often, for almost nothing, an entry far
+behind rarely (a fixed re-try schedule lost 8% of a short sampled run at batch 8 to probes of
+shapes that never paid; a budget of 0.5% per entry cost the small model ~4% at T = 0.7, where
+plain decoding wins and every probe loses, as a probe also pays for the switch into and out of it).
 Decisions happen only at host reads, never inside a step;
 switching shape reallocates nothing (``generate`` sizes the cache and the output buffer for the
 largest entry once), and every entry runs through the same ``decode_step``, so greedy output stays
@@ -69,8 +72,8 @@ class SpeculationPolicy:
     probe      steps of a calibration window (an entry not yet measured at this row bucket)
     margin     how much more throughput than plain decoding a drafting entry must promise to be
                chosen (0.03: 3%)
-    explore    the fraction of decoding time that re-measuring entries which are not winning may
-               cost, per entry (see the module docstring)
+    explore    the fraction of decoding time that re-measuring the entries which are not winning
+               may cost, all together (see the module docstring)
     smoothing  weight of the newest full window in the step-time estimates (0 < smoothing <= 1); a
                shorter window weighs in proportion to its steps, a step time above the estimate a
                quarter as much; acceptance forgets a quarter as fast (about 8 windows at 0.5)
@@ -238,6 +241,7 @@ class SpeculationPolicy:
         # fixed shape was within 0.93-1.03x of AR
         score = {e: tp if e == _AR else tp / (1.0 + self.margin) for e, tp in tps.items()}
         best = max(self.menu, key=score.__getitem__)  # the first of equals: (1, 1) leads the menu
+        share = self.explore / max(1, len(self.menu) - 1)  # the budget, split among the losers
         for entry in self.menu:  # re-measure a loser once the budget since it last ran covers its expected loss
             if entry == best:
                 continue
@@ -246,7 +250,7 @@ class SpeculationPolicy:
                     * self.cost_ratio[(context, entry, bucket)] * shortfall)
             since = (self._clock.get((context, bucket, rbucket), 0.0)
                      - self._last_run.get((context, entry, bucket, rbucket), 0.0))
-            if since * self.explore > loss:
+            if since * share > loss:
                 return entry, self.probe
         return best, self.window
 
