@@ -359,3 +359,66 @@ def test_generate_checks_its_state_once_per_shape(target, monkeypatch):
     out = rx.generate(target, drafter, PROMPTS, 12, policy=Scripted(script, menu=((2, 3),)))
     assert out.tokens == rx.autoregressive_generate(target, PROMPTS, 12).tokens
     assert shapes == [(1, 1), (2, 3)]
+
+
+class _FakeClock:
+    """The policy module's ``time``, driven by simulated step costs."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+
+def _simulate(policy, entries, runs, M, rng, clock, fixed=None):
+    """``runs`` one-row generations of ``M`` tokens through ``run_policy`` (or ``fixed`` alone): each
+    step costs its entry's seconds and commits 1 + a random number of drafts; returns tokens/second."""
+    from redrafter_ext._generate_common import run_policy
+
+    t0, n_all = clock.t, 0
+    for _ in range(runs):
+        st = {"n": 0, "steps": 0}
+
+        def step(W, L, st=st):
+            cost, dist = entries[(W, L)]
+            clock.t += cost
+            st["n"] = min(M, st["n"] + 1 + rng.choices(range(len(dist)), dist)[0])
+            st["steps"] += 1
+
+        def progress(st=st):
+            return st["n"] >= M, M - st["n"], int(st["n"] < M), st["n"], st["steps"], st["n"]
+
+        if fixed is None:
+            run_policy(step, progress, policy, None, M, 1, False, batch=1)
+        else:
+            while st["n"] < M:
+                step(*fixed)
+        n_all += st["n"]
+    return n_all / (clock.t - t0)
+
+
+def test_finds_a_modest_winner_under_noisy_acceptance(monkeypatch):
+    # SmolLM2 at one row: 1x3 gains ~18% on AR, 1x4 ~6%, 2x4 loses; acceptance varies step by step.
+    # With a short acceptance memory, 1x3's estimate drifted below the margin by chance, and then
+    # only rare 2-step probes measured it: some runs decoded plainly to the end (0.87x the best)
+    import random
+    import statistics
+
+    import redrafter_ext.policy as policy_mod
+
+    clock = _FakeClock()
+    monkeypatch.setattr(policy_mod, "time", clock)
+    entries = {(1, 1): (0.010, [1.0]), (1, 3): (0.0126, [0.6, 0.31, 0.09]),
+               (1, 4): (0.0155, [0.55, 0.3, 0.1, 0.05]), (2, 4): (0.020, [0.5, 0.3, 0.13, 0.07])}
+    ratios = []
+    for seed in range(24):
+        rng = random.Random(seed)
+        p = SpeculationPolicy(menu=tuple(entries))
+        _simulate(p, entries, 4, 32, rng, clock)  # calibration, as the benchmark's warm-up pass
+        got = _simulate(p, entries, 40, 32, rng, clock)
+        ratios.append(got / _simulate(None, entries, 40, 32, rng, clock, fixed=(1, 3)))
+    # over ~20 windows: median 0.975, 3 seeds of 24 below 0.92 (stuck on plain decoding for part of
+    # the run); over ~8 windows it was 0.93 and 9 of 24
+    assert statistics.median(ratios) >= 0.96, sorted(ratios)
+    assert sum(r < 0.92 for r in ratios) <= 3, sorted(ratios)
