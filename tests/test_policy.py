@@ -446,7 +446,6 @@ def test_chain_prior_extrapolates_the_narrower_entries():
     assert p.chain_prior((2, 4), 1)[0] == pytest.approx(a)  # a wider beam of the same length: from below
     p.observe((1, 8), 1, 2, 0.02, 2, 2)  # an unlucky 2-step probe: 1 token a step
     assert p.acceptance((1, 8), 1) > 3.0  # drawn toward 5.3 by 16 steps' weight, not dismissed
-    assert SpeculationPolicy(menu=p.menu, prior=0.0).acceptance((1, 8), 1) is None
     q = SpeculationPolicy(menu=p.menu, prior=0.0)
     q.observe((1, 4), 1, 4, 0.04, 14, 4)
     q.observe((1, 8), 1, 2, 0.02, 2, 2)
