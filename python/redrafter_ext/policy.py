@@ -38,6 +38,7 @@ identical to plain decoding under any sequence of choices.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -60,8 +61,11 @@ def _chain_tokens(c: float, L: int) -> float:
     return float(L) if c >= 1.0 else (1.0 - c**L) / (1.0 - c)
 
 
+@functools.lru_cache(maxsize=256)
 def _chain_rate(tokens: float, L: int) -> float:
-    """The c in [0, 1] with ``_chain_tokens(c, L) == tokens`` (tokens clamped into [1, L])."""
+    """The c in [0, 1] with ``_chain_tokens(c, L) == tokens`` (tokens clamped into [1, L]).
+    Cached: each ``choose`` asks it for every pair of entries, and an entry's figure only changes
+    when that entry is observed."""
     if tokens >= L:
         return 1.0
     lo, hi = 0.0, 1.0
