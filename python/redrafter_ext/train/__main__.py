@@ -7,7 +7,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import chat_data, distill, target
+    from . import chat_data, distill, kd, selfgen, target, teacher
 
     p = argparse.ArgumentParser(
         prog="python -m redrafter_ext.train",
@@ -24,9 +24,24 @@ def main(argv: list[str] | None = None) -> int:
     pc = sub.add_parser("chat-data", help="a chat target's own answers to the training prompts (resumable)",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     chat_data.add_args(pc)
+    pt2 = sub.add_parser("teacher", help="teacher-forced shards (hidden states) of ShareGPT or self-distilled data "
+                         "(resumable scratch cache)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    teacher.add_args(pt2)
+    ps = sub.add_parser("selfgen", help="the target's own answers to ShareGPT and broad-pool prompts, as token ids "
+                        "(resumable; committed)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    selfgen.add_args(ps)
+    pk = sub.add_parser("kd", help="long, resumable distillation of a drafter from teacher shards",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    kd.add_args(pk)
     a = p.parse_args(argv)
     if a.stage == "target":
         target.train(target.config_from_args(a))
+    elif a.stage == "teacher":
+        teacher.write_shards(teacher.config_from_args(a))
+    elif a.stage == "kd":
+        kd.train_kd(kd.config_from_args(a))
+    elif a.stage == "selfgen":
+        selfgen.generate(selfgen.config_from_args(a))
     elif a.stage == "chat-data":
         chat_data.generate_chat_data(chat_data.config_from_args(a))
     else:
