@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+import redrafter_ext as rx
 from redrafter_ext.drafter import Drafter
 from redrafter_ext.train import corpus, distill, target
 
@@ -92,7 +93,7 @@ def test_drafter_outputs_load(trained):
     # the drafter runs on the target's hidden states
     ids = torch.tensor([[1, 2, 3, 4]])
     h = model.model(input_ids=ids).last_hidden_state[:, -1]
-    beams = d.float().beam_search(h, torch.tensor([5]), model.get_input_embeddings().weight, 2, 3, distill._OPS)
+    beams = d.float().beam_search(h, torch.tensor([5]), model.get_input_embeddings().weight, 2, 3, rx.reference)
     assert beams.shape == (1, 2, 3) and (beams[:, :, 0] == 5).all()
 
 

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from . import prompts as prompt_sets
 
-__all__ = ["ChatDataConfig", "generate_chat_data", "load_chat_data", "load_hf_target", "chat_prompt_ids"]
+__all__ = ["ChatDataConfig", "generate_chat_data", "load_chat_data", "chat_prompt_ids"]
 
 
 @dataclass
@@ -46,19 +46,6 @@ class ChatDataConfig:
     seed: int = 0
     threads: int | None = None
     split: str = "train"  # "train": the template pool; "broad": the broad pool; "heldout": the held-out prompts
-
-
-def load_hf_target(name_or_folder: str):
-    """``(transformers LlamaForCausalLM float32 eval, tokenizer, folder)`` of a named model or folder."""
-    from transformers import LlamaForCausalLM
-
-    from ..hub import load_tokenizer, model_folder
-
-    folder = model_folder(name_or_folder)
-    model = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model, load_tokenizer(folder), folder
 
 
 def chat_prompt_ids(tok, text: str) -> list[int]:
@@ -108,7 +95,9 @@ def generate_chat_data(cfg: ChatDataConfig) -> Path:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, tok, folder = load_hf_target(cfg.target)
+    from .common import load_target
+
+    model, tok, folder = load_target(cfg.target)
     if tok is None or not getattr(tok, "chat_template", None):
         raise ValueError(f"chat-data: the target {folder} has no tokenizer with a chat template")
     eos = int(model.config.eos_token_id if not isinstance(model.config.eos_token_id, list)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 from tqdm.auto import tqdm
 
 
@@ -87,3 +93,60 @@ class StepLoop:
         self.bar.update(pos - self._bar_pos)
         self._bar_pos = pos
         self.bar.set_postfix(step=self.step, **postfix)
+
+
+def load_target(name_or_folder: str | Path):
+    """``(transformers LlamaForCausalLM float32, eval, frozen; its tokenizer or None; folder)`` of a
+    named model (``hub.model_folder``: "tiny", "smollm2-135m-instruct") or a Hugging Face folder."""
+    from transformers import LlamaForCausalLM
+
+    from ..hub import load_tokenizer, model_folder
+
+    folder = model_folder(name_or_folder)
+    model = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, load_tokenizer(folder), folder
+
+
+def distill_loss(drafter, h: Tensor, emb: Tensor, th: Tensor, head: Tensor, hard_weight: float,
+                 teacher_temperature: float = 1.0):
+    """Soft cross-entropy to the target's distribution sharpened by ``teacher_temperature``
+    (< 1 concentrates the drafter on the target's argmax, which is what greedy verification
+    accepts), plus ``hard_weight`` x CE on the argmax. Returns (loss, KL per step, agreement per step)."""
+    logits = drafter.unroll(h, emb).float()  # [B, K, V]
+    # the teacher in float32 even under autocast: sharpening magnifies bf16 rounding of its logits
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        th, head = th.float(), head.float()
+        t_logp = torch.log_softmax((th @ head.T) / teacher_temperature, dim=-1)  # [B, K, V]
+        t_p = t_logp.exp()
+        t_arg = t_logp.argmax(-1)
+    logq = torch.log_softmax(logits, dim=-1)
+    ce = -(t_p * logq).sum(-1)  # [B, K]
+    ent = -(t_p * t_logp).sum(-1)
+    loss = ce.mean()
+    if hard_weight:
+        loss = loss + hard_weight * F.nll_loss(logq.reshape(-1, logq.shape[-1]), t_arg.reshape(-1))
+    agree = (logits.argmax(-1) == t_arg).float().mean(0)  # [K]
+    return loss, (ce - ent).mean(0).detach(), agree
+
+
+def save_drafter(drafter, out: str | Path, summary: dict) -> None:
+    """The drafter in bf16 and its ``training_summary.json`` into ``out``, atomically (a temporary
+    folder beside it, then renames): a reader never sees half a checkpoint."""
+    from ..drafter import Drafter
+
+    out = Path(out)
+    ship = Drafter(drafter.config)
+    ship.load_state_dict(drafter.state_dict())
+    ship = ship.to(torch.bfloat16)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, old = out.parent / f".{out.name}.tmp", out.parent / f".{out.name}.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    ship.save_pretrained(tmp)
+    (tmp / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)

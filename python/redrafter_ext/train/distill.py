@@ -30,16 +30,16 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..drafter import Drafter, DrafterConfig, beam_search
+from .. import reference
+from ..drafter import Drafter, DrafterConfig
 from . import corpus
-from .common import StepLoop, adamw, dataclass_from_args, optimizer_step
+from .common import StepLoop, adamw, dataclass_from_args, distill_loss, load_target, optimizer_step
 
 __all__ = ["DistillConfig", "add_args", "config_from_args", "evaluate", "generate_data", "train"]
 
@@ -97,16 +97,6 @@ class DistillConfig:
 
 # --------------------------------------------------------------------------------------------
 # data
-
-
-def load_target(folder: str | Path):
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
-
-    model = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    tok = PreTrainedTokenizerFast.from_pretrained(str(folder))
-    return model, tok
 
 
 def prompt_windows(tok, split: str, n: int, length: int, seed: int, limit_files: int | None, root: str | None) -> Tensor:
@@ -237,44 +227,6 @@ def gather(seqs: Tensor, hidden: Tensor, pos: Tensor, K: int, embed: Tensor):
     return h, emb, th, nxt
 
 
-def distill_loss(drafter: Drafter, h: Tensor, emb: Tensor, th: Tensor, head: Tensor, hard_weight: float,
-                 teacher_temperature: float = 1.0):
-    """Soft cross-entropy to the target's distribution sharpened by ``teacher_temperature``
-    (< 1 concentrates the drafter on the target's argmax, which is what greedy verification
-    accepts), plus ``hard_weight`` x CE on the argmax. Returns (loss, KL per step, agreement per step)."""
-    logits = drafter.unroll(h, emb).float()  # [B, K, V]
-    # the teacher in float32 even under autocast: sharpening magnifies bf16 rounding of its logits
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):
-        th, head = th.float(), head.float()
-        t_logp = torch.log_softmax((th @ head.T) / teacher_temperature, dim=-1)  # [B, K, V]
-        t_p = t_logp.exp()
-        t_arg = t_logp.argmax(-1)
-    logq = torch.log_softmax(logits, dim=-1)
-    ce = -(t_p * logq).sum(-1)  # [B, K]
-    ent = -(t_p * t_logp).sum(-1)
-    loss = ce.mean()
-    if hard_weight:
-        loss = loss + hard_weight * F.nll_loss(logq.reshape(-1, logq.shape[-1]), t_arg.reshape(-1))
-    agree = (logits.argmax(-1) == t_arg).float().mean(0)  # [K]
-    return loss, (ce - ent).mean(0).detach(), agree
-
-
-def _beam_topk(logits: Tensor, scores: Tensor, tokens: Tensor, state: Tensor, step: int):
-    """Pure-torch beam step (same contract as ``reference.beam_topk``)."""
-    B, W, V = logits.shape
-    cand = scores[:, :, None] + torch.log_softmax(logits.float(), dim=-1)
-    order = torch.sort(cand.reshape(B, W * V), dim=-1, descending=True, stable=True).indices[:, :W]
-    new_scores = torch.gather(cand.reshape(B, W * V), 1, order)
-    parent = torch.div(order, V, rounding_mode="floor")
-    new_tokens = torch.gather(tokens, 1, parent[:, :, None].expand(-1, -1, tokens.shape[2])).clone()
-    new_tokens[:, :, step] = (order - parent * V).to(tokens.dtype)
-    new_state = torch.gather(state, 1, parent[:, :, None].expand(-1, -1, state.shape[2]))
-    return new_scores, new_tokens, new_state, parent.to(torch.int32)
-
-
-_OPS = SimpleNamespace(beam_topk=_beam_topk)
-
-
 @torch.no_grad()
 def evaluate(drafter: Drafter, seqs: Tensor, hidden: Tensor, cfg: DistillConfig, head: Tensor, beams: bool = True,
              batch: int = 256) -> dict:
@@ -321,7 +273,7 @@ def evaluate(drafter: Drafter, seqs: Tensor, hidden: Tensor, cfg: DistillConfig,
             p = bpos[i : i + batch]
             s, t = p[:, 0], p[:, 1]
             h = hidden[s, t]
-            beams_ = draft_beams(drafter, h, seqs[s, t + 1], head, W, L)  # [B, W, L]
+            beams_ = drafter.beam_search(h, seqs[s, t + 1], head, W, L, reference)  # [B, W, L]
             truth = seqs[s[:, None], t[:, None] + torch.arange(1, L + 1)[None, :]]  # tokens t+1..t+L
             match = (beams_[:, :, 1:].long() == truth[:, None, 1:]).int().cumprod(-1).sum(-1)  # [B, W]
             acc.append(1 + match.max(-1).values.float())
@@ -330,19 +282,6 @@ def evaluate(drafter: Drafter, seqs: Tensor, hidden: Tensor, cfg: DistillConfig,
         res["beam_positions"] = len(acc)
     drafter.train(was_training)
     return res
-
-
-def draft_beams(drafter: Drafter, h: Tensor, token: Tensor, embed: Tensor, W: int, L: int) -> Tensor:
-    """Beam search as at decode time (``Drafter.beam_search`` with a pure-torch ``beam_topk``)."""
-    B, H = h.shape
-    hh = h[:, None, :]
-
-    def step(prev: Tensor, state: Tensor):
-        state = drafter.rnn_step(F.embedding(prev.long(), embed), state)
-        return drafter.logits(hh, state), state
-
-    state0 = torch.zeros(B, W, H, dtype=h.dtype)
-    return beam_search(step, state0, token, W, L, _OPS)
 
 
 def _fmt(r: dict) -> str:
@@ -401,7 +340,7 @@ def train(cfg: DistillConfig) -> dict:
         raise ValueError("beam_length - 1 must be <= K")
     out = Path(cfg.out)
 
-    model, tok = load_target(cfg.target)
+    model, tok, _ = load_target(cfg.target)
     head = model.get_output_embeddings().weight.detach().float()  # [V, H] (tied to the input embeddings)
     embed = model.get_input_embeddings().weight.detach().float()
     if not torch.equal(head, embed):

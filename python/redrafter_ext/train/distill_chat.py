@@ -19,20 +19,22 @@ Checkpoints (bf16) are written atomically every ``--save-every-minutes`` and at 
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
 
+from .. import reference
 from ..drafter import Drafter, DrafterConfig
 from .chat_data import ChatDataConfig, generate_chat_data, load_chat_data
-from .common import StepLoop, optimizer_step
-from .distill import DistillConfig, _beam_topk, distill_loss
+from .common import StepLoop, distill_loss, load_target, optimizer_step, save_drafter
+
+if TYPE_CHECKING:  # distill dispatches chat targets here: a run-time import would be a cycle
+    from .distill import DistillConfig
 
 __all__ = ["train_chat", "flatten", "vocab_by_frequency"]
 
@@ -96,15 +98,12 @@ def evaluate_chat(drafter: Drafter, ev: tuple, cfg: DistillConfig, embed: torch.
         agree += (pred == (th @ embed.T).argmax(-1)).float().sum(0)
     res = {"positions": len(sel), "agreement_per_step": (agree / len(sel)).tolist()}
     if beams:
-        from types import SimpleNamespace
-
-        ops = SimpleNamespace(beam_topk=_beam_topk)
         W, L = cfg.beam_width, cfg.beam_length
         ok = sel[(sel + L - 1) < len(tokens)]
         acc = []
         for i in range(0, len(ok), batch):
             s = ok[i : i + batch]
-            b = drafter.beam_search(hidden[s].float(), tokens[s], embed, W, L, ops)  # [B, W, L]
+            b = drafter.beam_search(hidden[s].float(), tokens[s], embed, W, L, reference)  # [B, W, L]
             truth = tokens[s[:, None] + torch.arange(L)[None, :]]  # greedy answer: tokens t+1..t+L
             # a draft only counts inside one response: positions past its end never match there
             match = (b[:, :, 1:].long() == truth[:, None, 1:]).int().cumprod(-1).sum(-1)
@@ -114,27 +113,7 @@ def evaluate_chat(drafter: Drafter, ev: tuple, cfg: DistillConfig, embed: torch.
     return res
 
 
-def _save(drafter: Drafter, out: Path, summary: dict) -> None:
-    """Write the bf16 drafter and its summary to ``out`` atomically (temp folder, then rename)."""
-    ship = Drafter(drafter.config)
-    ship.load_state_dict(drafter.state_dict())
-    ship = ship.to(torch.bfloat16)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    ship.save_pretrained(tmp)
-    (tmp / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    old = out.parent / f".{out.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def train_chat(cfg: DistillConfig) -> dict:
-    from .chat_data import load_hf_target
-
     torch.set_flush_denormal(True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -155,7 +134,7 @@ def train_chat(cfg: DistillConfig) -> dict:
         if not list(f.glob("part-*.pt")):
             raise FileNotFoundError(f"--extra-data {f}: no part-*.pt files; make them with `chat-data --out {f}`")
     t0 = time.time()  # --minutes budgets the training: data generation is bounded by --data-minutes
-    model, _, folder = load_hf_target(cfg.target)
+    model, _, folder = load_target(cfg.target)
     embed = model.get_input_embeddings().weight.detach().float()
     if not torch.equal(embed, model.get_output_embeddings().weight.detach().float()):
         raise ValueError("distill expects a target with tie_word_embeddings=True")
@@ -215,14 +194,14 @@ def train_chat(cfg: DistillConfig) -> dict:
                        + " ".join(f"{x:.3f}" for x in r["agreement_per_step"]))
         if time.time() - last_save > cfg.save_every_minutes * 60:
             summary.update(steps=step, positions_seen=seen)
-            _save(drafter, out, summary)
+            save_drafter(drafter, out, summary)
             last_save = time.time()
     step = loop.step
     drafter.eval()
     final = evaluate_chat(drafter, ev, cfg, embed, beams=True)
     summary.update(steps=step, positions_seen=seen, train_minutes=(time.time() - t_loop) / 60,
                    total_minutes=(time.time() - t0) / 60, eval=final)
-    _save(drafter, out, summary)
+    save_drafter(drafter, out, summary)
     print(f"[drafter] saved to {out}: {n_params:,} parameters (bf16), {step} steps, {seen:,} positions")
     print("[drafter] held-out agreement per step: " + " ".join(f"{x:.3f}" for x in final["agreement_per_step"]))
     for k, v in final.items():

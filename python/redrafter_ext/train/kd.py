@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..drafter import Drafter, DrafterConfig
+from .common import save_drafter
 from .teacher import Shards
 
 __all__ = ["KDConfig", "kd_loss", "HeldOut", "train_kd", "add_args", "config_from_args"]
@@ -239,23 +239,6 @@ def _save_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _write_drafter(drafter: Drafter, out: Path, summary: dict) -> None:
-    """The bf16 drafter and its summary into ``out``, atomically (temp folder, then rename)."""
-    ship = Drafter(drafter.config)
-    ship.load_state_dict(drafter.state_dict())
-    ship = ship.to(torch.bfloat16)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp, old = out.parent / f".{out.name}.tmp", out.parent / f".{out.name}.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    ship.save_pretrained(tmp)
-    (tmp / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _shapes(spec: str) -> list[tuple[int, int]]:
     out = []
     for s in spec.split(","):
@@ -313,7 +296,7 @@ def _init_from(path: str, dcfg: DrafterConfig) -> Drafter:
 
 
 def train_kd(cfg: KDConfig) -> dict:
-    from .chat_data import load_hf_target
+    from .common import load_target
 
     if not cfg.run:
         raise ValueError("kd: --run is required")
@@ -336,7 +319,7 @@ def train_kd(cfg: KDConfig) -> dict:
         if bad:
             raise ValueError(f"kd: {ck_path} was trained with " + ", ".join(f"{k}={old.get(k)!r}" for k in bad)
                              + "; resume with the same values or start another --run")
-    model, _, folder = load_hf_target(cfg.target)
+    model, _, folder = load_target(cfg.target)
     embed = model.get_input_embeddings().weight.detach().float()
     if not torch.equal(embed, model.get_output_embeddings().weight.detach().float()):
         raise ValueError("kd expects a target with tie_word_embeddings=True")
@@ -389,7 +372,7 @@ def train_kd(cfg: KDConfig) -> dict:
         _save_atomic({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "gen": gen.get_state(),
                       "history": history, "positions_seen": seen, "config": asdict(cfg),
                       "drafter_config": asdict(drafter.config)}, ck_path)
-        _write_drafter(drafter, out, summary(final))
+        save_drafter(drafter, out, summary(final))
 
     t0 = last_save = time.time()
     bar = tqdm(total=cfg.max_steps, initial=step, desc="kd", unit="step", dynamic_ncols=True)

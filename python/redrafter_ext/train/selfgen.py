@@ -2,17 +2,17 @@
 
     python -m redrafter_ext.train selfgen --out data/selfgen/smollm2-135m-instruct --minutes 60
 
-Prompts: the first human turn of ShareGPT conversations of the train split (by id hash; at most
-``--max-prompt-tokens`` templated tokens) and the broad pool of everyday requests, their batches
-interleaved. Each is answered by the target with this package's own plain decoding
+Prompts (``--sources``): the first human turn of ShareGPT conversations of the train split (by id
+hash; at most ``--max-prompt-tokens`` templated tokens), the broad pool of everyday requests, the
+template pool (``train/prompts.py``), their batches interleaved. Each is answered by the target with this package's own plain decoding
 (``autoregressive_generate``: the target's exact greedy output in float32, or samples at ``--temperatures``), stopping at
 EOS or ``--max-new-tokens``.
 
 What is stored is what the target wrote and where its prompt comes from, never the prompt's text:
 ``part-XXXXX.npz`` (atomic; a rerun resumes with the next missing part) holds
 ``answer`` (sum of lengths,) uint16 token ids, ``length`` (N,) int32, ``temperature`` (N,) float32,
-``source`` (N,) int8 (0 ShareGPT, 1 broad pool) and ``key`` (N,) str (the ShareGPT id or the broad
-pool index). About 2 MB per million tokens: the folder is committed so that data accumulates across
+``source`` (N,) int8 (0 ShareGPT, 1 broad pool, 2 template pool) and ``key`` (N,) str (the ShareGPT id
+or the index in its pool). About 2 MB per million tokens: the folder is committed so that data accumulates across
 sessions and machines; ``records`` rebuilds ``(prompt ids, answer ids)`` with the tokenizer, and a
 teacher-forced pass (``teacher --source FOLDER``) recomputes the hidden states.
 """
@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 __all__ = ["SelfGenConfig", "generate", "records", "add_args", "config_from_args"]
 
-SOURCES = ("sharegpt", "broad")
+SOURCES = ("sharegpt", "broad", "templates")  # the index is what a part stores
 
 
 @dataclass
@@ -47,17 +47,26 @@ class SelfGenConfig:
     max_parts: int | None = None
     seed: int = 0
     threads: int | None = None
+    sources: str = "sharegpt,broad"  # prompt pools: sharegpt, broad, templates
 
 
-def _prompt_pool(tok, max_prompt_tokens: int) -> list[tuple[int, str, list[int]]]:
+def _pools():
+    from .prompts import broad_prompts, train_prompts
+
+    return {"broad": broad_prompts, "templates": train_prompts}
+
+
+def _prompt_pool(tok, max_prompt_tokens: int, sources: list[str]) -> list[tuple[int, str, list[int]]]:
     """``(source, key, prompt ids)`` in a fixed order: ShareGPT first turns (train split), then the
-    broad pool."""
+    broad pool, then the template pool (each when in ``sources``)."""
     from . import sharegpt
     from .chat_data import chat_prompt_ids
-    from .prompts import broad_prompts
 
+    bad = [x for x in sources if x not in SOURCES]
+    if bad or not sources:
+        raise ValueError(f"selfgen --sources: {','.join(bad) or 'none'}: choose among {', '.join(SOURCES)}")
     pool = []
-    for c in sharegpt.read_conversations():
+    for c in sharegpt.read_conversations() if "sharegpt" in sources else ():
         cid = str(c.get("id", ""))
         if sharegpt.is_heldout(cid):
             continue
@@ -67,8 +76,9 @@ def _prompt_pool(tok, max_prompt_tokens: int) -> list[tuple[int, str, list[int]]
         ids = chat_prompt_ids(tok, m[0]["content"])
         if len(ids) <= max_prompt_tokens:
             pool.append((0, cid, ids))
-    for i, text in enumerate(broad_prompts()):
-        pool.append((1, str(i), chat_prompt_ids(tok, text)))
+    for name, texts in _pools().items():
+        if name in sources:
+            pool += [(SOURCES.index(name), str(i), chat_prompt_ids(tok, t)) for i, t in enumerate(texts())]
     return pool
 
 
@@ -107,7 +117,7 @@ def generate(cfg: SelfGenConfig) -> Path:
     target, _, tok = load_model(cfg.target)
     eos = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else tok.eos_token_id
     temps = [float(x) for x in cfg.temperatures.split(",")]
-    pool = _prompt_pool(tok, cfg.max_prompt_tokens)
+    pool = _prompt_pool(tok, cfg.max_prompt_tokens, cfg.sources.split(","))
     jobs = _jobs(pool, temps, cfg.batch, cfg.seed)
     (out / "config.json").write_text(json.dumps({**asdict(cfg), "eos": int(eos), "prompts": len(pool),
                                                  "jobs": len(jobs)}, indent=2) + "\n")
@@ -147,13 +157,12 @@ def records(folder: str | Path, tok, max_prompt_tokens: int | None = None) -> li
     """``[{"prompt": ids, "answer": ids, "temperature": T, "source": s, "key": k}, ...]`` of every part,
     the prompts rebuilt from their sources with ``tok``'s chat template."""
     from .chat_data import chat_prompt_ids
-    from .prompts import broad_prompts
 
     parts = [p for p in sorted(Path(folder).glob("part-*.npz")) if ".tmp" not in p.name]
     if not parts:
         raise FileNotFoundError(f"selfgen: no part-*.npz files in {folder}")
     share = None
-    broad = None
+    pools: dict[int, list[str]] = {}
     recs = []
     for p in parts:
         z = np.load(p)
@@ -171,9 +180,9 @@ def records(folder: str | Path, tok, max_prompt_tokens: int | None = None) -> li
                             share[str(c.get("id", ""))] = m[0]["content"]
                 text = share[key]
             else:
-                if broad is None:
-                    broad = broad_prompts()
-                text = broad[int(key)]
+                if src not in pools:
+                    pools[src] = _pools()[SOURCES[src]]()
+                text = pools[src][int(key)]
             a = z["answer"][ends[r] - z["length"][r] : ends[r]].astype(np.int64).tolist()
             recs.append({"prompt": chat_prompt_ids(tok, text), "answer": a, "temperature": float(z["temperature"][r]),
                          "source": SOURCES[src], "key": key})
@@ -192,6 +201,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-parts", type=int, default=None)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--sources", default=d.sources, help="prompt pools, comma-separated: sharegpt (first turns of the "
+                   "train split), broad (everyday requests), templates (subjects x task templates)")
 
 
 def config_from_args(a: argparse.Namespace) -> SelfGenConfig:

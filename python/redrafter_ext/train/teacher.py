@@ -137,7 +137,7 @@ def write_shards(cfg: TeacherConfig, items: Iterator[tuple[list[int], list[tuple
     """Write (or resume) the shards of ``cfg.source`` into ``cfg.out``; returns that folder.
 
     ``items``: ``(ids, answer spans)`` to read instead of ``cfg.source`` (the same sequence on a resume)."""
-    from .chat_data import load_hf_target
+    from .common import load_target
 
     if not cfg.out:
         raise ValueError("teacher: --out is required")
@@ -146,7 +146,7 @@ def write_shards(cfg: TeacherConfig, items: Iterator[tuple[list[int], list[tuple
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, tok, folder = load_hf_target(cfg.target)
+    model, tok, folder = load_target(cfg.target)
     if cfg.bf16:
         model = model.to(torch.bfloat16)
     meta = {**asdict(cfg), "target_folder": str(folder)}
