@@ -11,7 +11,7 @@ mx = pytest.importorskip("mlx.core")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from helpers import BAD_GENERATE_ARGS, random_drafter, random_target  # noqa: E402
+from helpers import BAD_BEAM_SHAPES, BAD_GENERATE_ARGS, random_drafter, random_target  # noqa: E402
 
 import redrafter_ext as rx  # noqa: E402
 import redrafter_ext.mlx as rxm  # noqa: E402
@@ -382,3 +382,10 @@ def test_generate_rejects_bad_arguments_by_name(tiny):
     P = mt.config.max_position_embeddings
     with pytest.raises(ValueError, match=rf"prompts\[0\] has 3 tokens; .*max_position_embeddings={P}"):
         rxm.generate(mt, md, [[1, 2, 3]], P - 2)
+
+
+def test_generate_rejects_a_bad_beam_shape_before_any_step(tiny):
+    _, _, mt, md = tiny
+    for kw, n, message in BAD_BEAM_SHAPES:
+        with pytest.raises(ValueError, match=message):
+            rxm.generate(mt, md, [[1, 2, 3]], n, **kw)

@@ -1,35 +1,17 @@
 """Host-side parts of ``generate`` shared by the torch and MLX decode loops (imports neither).
 
-Argument checks run once before decoding starts, on plain Python values; ``GenerateOutput`` is the
-result of both backends' ``generate``.
+Argument checks run once before decoding starts, on plain Python values (by the rules of
+``_scalar_checks``); ``GenerateOutput`` is the result of both backends' ``generate``.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ._scalar_checks import check_eos_id, check_int, is_integral
 from .policy import PolicyWindows, SpeculationPolicy
-
-
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """The ranges of ``SamplingParams``: temperature finite >= 0, top_k int >= 0, top_p in (0, 1]."""
-    t = temperature
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
-        raise ValueError(f"sampling: temperature must be a finite float >= 0, got {t!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"sampling: top_k must be an int >= 0 (0: off), got {top_k!r}")
-    p = top_p
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise ValueError(f"sampling: top_p must be a float in (0, 1] (1: off), got {p!r}")
-
-
-def _is_int(x: object) -> bool:
-    # numpy integers are numbers.Integral too; bools are ints to Python but never token ids
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _row_list(p: object) -> object:
@@ -59,7 +41,7 @@ def prompt_rows(prompts: Iterable[Iterable[int]], vocab_size: int) -> list[list[
         if isinstance(p, (str, bytes)):
             raise TypeError(f"generate: prompts[{b}] is a string: tokenize it first (each prompt is a list of "
                             "int token ids)")
-        if _is_int(p):
+        if is_integral(p):
             raise TypeError(f"generate: prompts must be a list of token-id lists (one per row), got a flat list "
                             f"of ints; for one prompt pass [[{p}, ...]]")
         if not isinstance(p, Iterable):
@@ -68,7 +50,7 @@ def prompt_rows(prompts: Iterable[Iterable[int]], vocab_size: int) -> list[list[
         if not p:
             raise ValueError(f"generate: prompts[{b}] is empty")
         for i, t in enumerate(p):
-            if not _is_int(t):
+            if not is_integral(t):
                 raise TypeError(f"generate: prompts[{b}][{i}] = {t!r} is not an int token id "
                                 f"({type(t).__name__}; ids are never rounded)")
         bad = [t for t in p if not 0 <= t < V]
@@ -79,16 +61,14 @@ def prompt_rows(prompts: Iterable[Iterable[int]], vocab_size: int) -> list[list[
 
 
 def check_generate_args(max_new_tokens: int, eos_id: int | None, vocab_size: int) -> None:
-    if not _is_int(max_new_tokens) or max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if eos_id is not None and (not _is_int(eos_id) or not 0 <= eos_id < vocab_size):
-        raise ValueError(f"generate: eos_id must be None or an int in the vocabulary [0, {vocab_size}), got {eos_id!r}")
+    check_int("generate", "max_new_tokens", max_new_tokens, 0)
+    check_eos_id("generate", "eos_id", eos_id, vocab_size)
 
 
 def max_positions(target: object) -> int | None:
     """The target's ``config.max_position_embeddings`` (its context length), None when it has none."""
     n = getattr(getattr(target, "config", None), "max_position_embeddings", None)
-    return n if _is_int(n) and n > 0 else None
+    return n if is_integral(n) and n > 0 else None
 
 
 def check_context(rows: list[list[int]], max_new_tokens: int, target: object) -> None:
@@ -133,9 +113,8 @@ def cache_room_error(op: str, row: int, cache_len: int, N: int, S: int) -> str:
 
 
 def check_beam_shape(op: str, beam_width, beam_length) -> None:
-    if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1 \
-            or isinstance(beam_length, bool) or not isinstance(beam_length, int) or beam_length < 1:
-        raise ValueError(f"{op}: beam_width and beam_length must be ints >= 1, got {beam_width!r}, {beam_length!r}")
+    check_int(op, "beam_width", beam_width, 1)
+    check_int(op, "beam_length", beam_length, 1)
 
 
 def check_state_sizes(op: str, target, batches: dict[str, int], hidden_cols: int, max_new_tokens, eos_id,
@@ -149,12 +128,8 @@ def check_state_sizes(op: str, target, batches: dict[str, int], hidden_cols: int
     if hidden_cols != target.hidden_size:
         raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size}), "
                          f"got ({batches.get('state.hidden')}, {hidden_cols})")
-    m = max_new_tokens
-    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-        raise ValueError(f"{op}: state.max_new_tokens must be an int >= 0, got {m!r}")
-    e = eos_id
-    if e is not None and (isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < target.vocab_size):
-        raise ValueError(f"{op}: state.eos_id must be None or an int in [0, {target.vocab_size}), got {e!r}")
+    m = check_int(op, "state.max_new_tokens", max_new_tokens, 0)
+    check_eos_id(op, "state.eos_id", eos_id, target.vocab_size)
     N = 1 + beam_width * (beam_length - 1)
     if N > S:
         raise ValueError(f"{op}: the trie needs N = 1 + W*(L-1) = {N} cache slots but the cache has S = {S}")
@@ -169,9 +144,7 @@ def check_every_arg(check_every: int | None, device=None) -> int:
     waits for the device)."""
     if check_every is None:
         return 1 if device is not None and getattr(device, "type", None) == "cpu" else 4
-    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
-        raise ValueError(f"generate: check_every must be an int >= 1, got {check_every!r}")
-    return check_every
+    return check_int("generate", "check_every", check_every, 1)
 
 
 def steps_until_check(check_every: int, min_remaining: int, per_step: int, eos: bool) -> int:
@@ -205,8 +178,9 @@ def run_until_done(step: Callable[[], None], progress: Callable[[], tuple[bool, 
 
 
 def policy_arg(beam_width, beam_length, policy) -> SpeculationPolicy | None:
-    """The ``SpeculationPolicy`` a ``generate`` call runs under, or None for a fixed shape:
-    ``policy`` itself, or a fresh one when W and L are both ``"auto"``."""
+    """The ``SpeculationPolicy`` a ``generate`` call runs under: ``policy`` itself, or a fresh one
+    when W and L are both ``"auto"``; None for a fixed shape, whose W and L are checked here, before
+    anything runs (a call that runs no step would never reach ``decode_step``'s check)."""
     auto = (beam_width == "auto", beam_length == "auto")
     if any(auto) and not all(auto):
         raise ValueError("generate: beam_width and beam_length are 'auto' together (a policy picks both), "
@@ -215,6 +189,8 @@ def policy_arg(beam_width, beam_length, policy) -> SpeculationPolicy | None:
         policy = SpeculationPolicy()
     if policy is not None and not isinstance(policy, SpeculationPolicy):
         raise TypeError(f"generate: policy must be a SpeculationPolicy, got {type(policy).__name__}")
+    if policy is None:
+        check_beam_shape("generate", beam_width, beam_length)
     return policy
 
 

@@ -37,13 +37,13 @@ from ._generate_common import (
     check_context,
     check_every_arg,
     check_generate_args,
-    check_sampling,
     check_state_sizes,
     policy_arg,
     prompt_rows,
     run_policy,
     run_until_done,
 )
+from ._scalar_checks import check_sampling
 from ._shape_checks import num_nodes_max
 from .models import PagedKV
 from .policy import SpeculationPolicy
@@ -77,7 +77,7 @@ class SamplingParams:
     generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
-        check_sampling(self.temperature, self.top_k, self.top_p)
+        check_sampling("sampling", self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:

@@ -44,6 +44,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from ._scalar_checks import check_int, check_real, is_int
+
 __all__ = ["DEFAULT_MENU", "PolicyWindows", "SpeculationPolicy"]
 
 # (W, L): plain decoding, three single beams and one small tree (each entry costs a calibration
@@ -128,27 +130,21 @@ class SpeculationPolicy:
     _last_run: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        op = "SpeculationPolicy"
         menu = []
         for e in self.menu:
-            if (not isinstance(e, (tuple, list)) or len(e) != 2
-                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in e)):
-                raise ValueError(f"SpeculationPolicy: menu entries must be (W, L) pairs of ints >= 1, got {e!r}")
+            if not isinstance(e, (tuple, list)) or len(e) != 2 or not all(is_int(x) and x >= 1 for x in e):
+                raise ValueError(f"{op}: menu entries must be (W, L) pairs of ints >= 1, got {e!r}")
             menu.append((int(e[0]), int(e[1])))
         if (1, 1) not in menu:
             menu.insert(0, (1, 1))
         self.menu = tuple(dict.fromkeys(menu))
-        for name in ("window", "probe"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"SpeculationPolicy: {name} must be an int >= 1, got {v!r}")
-        if isinstance(self.explore, bool) or not isinstance(self.explore, (int, float)) or not 0 <= self.explore <= 1:
-            raise ValueError(f"SpeculationPolicy: explore must be in [0, 1], got {self.explore!r}")
-        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 1:
-            raise ValueError(f"SpeculationPolicy: margin must be in [0, 1), got {self.margin!r}")
-        if isinstance(self.prior, bool) or not isinstance(self.prior, (int, float)) or not 0 <= self.prior < math.inf:
-            raise ValueError(f"SpeculationPolicy: prior must be a finite number >= 0, got {self.prior!r}")
-        if not 0 < self.smoothing <= 1:
-            raise ValueError(f"SpeculationPolicy: smoothing must be in (0, 1], got {self.smoothing!r}")
+        check_int(op, "window", self.window, 1)
+        check_int(op, "probe", self.probe, 1)
+        check_real(op, "explore", self.explore, 0, 1)
+        check_real(op, "margin", self.margin, 0, 1, hi_open=True)
+        check_real(op, "prior", self.prior, 0)
+        check_real(op, "smoothing", self.smoothing, 0, 1, lo_open=True)
 
     @property
     def max_width(self) -> int:

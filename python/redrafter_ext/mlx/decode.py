@@ -29,6 +29,7 @@ import mlx.core as mx
 
 from .. import _generate_common as common  # the host-side parts both backends' loops share
 from .._generate_common import GenerateOutput, Verified
+from .._scalar_checks import check_sampling
 from .._shape_checks import OPS, num_nodes_max
 from ..policy import SpeculationPolicy
 from . import reference
@@ -72,7 +73,7 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        common.check_sampling(self.temperature, self.top_k, self.top_p)
+        check_sampling("sampling", self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:
