@@ -141,6 +141,24 @@ def test_eos_and_mixed_prompt_lengths(tiny):
     assert rxm.autoregressive_generate(mt, prompts, n).calls == n
 
 
+def test_check_every_default_and_bad_values(tiny):
+    # the torch loop's argument (tests/test_decode.py); MLX passes no device: None reads every 4 steps
+    _, _, mt, md = tiny
+    prompts = [[7, 8, 9, 10, 11, 12, 13, 14, 15]]
+    eos = rxm.autoregressive_generate(mt, prompts, 20).tokens[0][9]  # the row stops at EOS mid-way
+    for kw in ({}, {"check_every": None}):
+        ar = rxm.autoregressive_generate(mt, prompts, 20, eos_id=eos, **kw)
+        assert ar.calls == -(-max(ar.steps) // 4) * 4, (kw, ar.calls, ar.steps)  # read after steps 4, 8, ...
+        got = rxm.generate(mt, md, prompts, 20, beam_width=2, beam_length=3, eos_id=eos, **kw)
+        want = rxm.generate(mt, md, prompts, 20, beam_width=2, beam_length=3, eos_id=eos, check_every=4)
+        assert (got.tokens, got.calls) == (want.tokens, want.calls), kw
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="generate: check_every must be an int >= 1"):
+            rxm.generate(mt, md, prompts, 4, check_every=bad)
+        with pytest.raises(ValueError, match="generate: check_every must be an int >= 1"):
+            rxm.autoregressive_generate(mt, prompts, 4, check_every=bad)
+
+
 class _Scripted(SpeculationPolicy):
     """Switches (W, L) along a fixed script, ignoring the measurements."""
 

@@ -1,7 +1,8 @@
 """Host-side parts of ``generate`` shared by the torch and MLX decode loops (imports neither).
 
 Argument checks run once before decoding starts, on plain Python values (by the rules of
-``_scalar_checks``); ``GenerateOutput`` is the result of both backends' ``generate``.
+``_scalar_checks``); ``Progress`` is the loops' host read between steps, ``GenerateOutput`` the
+result of both backends' ``generate``.
 """
 
 from __future__ import annotations
@@ -139,12 +140,23 @@ def check_state_sizes(op: str, target, batches: dict[str, int], hidden_cols: int
 
 
 def check_every_arg(check_every: int | None, device=None) -> int:
-    """The validated read interval; None: 1 on a CPU (reading host memory costs nothing there, and
-    a step run after every row stopped at EOS costs a whole step), 4 on an accelerator (a read
-    waits for the device)."""
+    """The validated read interval; None: 1 on a torch CPU device (reading host memory costs
+    nothing there, and a step run after every row stopped at EOS costs a whole step), else 4: on an
+    accelerator a read waits for the device, and MLX (no ``device``) waits for its lazy graph."""
     if check_every is None:
         return 1 if device is not None and getattr(device, "type", None) == "cpu" else 4
     return check_int("generate", "check_every", check_every, 1)
+
+
+class Progress(NamedTuple):
+    """The rows' progress: the loop's one host read between steps (each backend's ``_progress``)."""
+
+    done: bool  # every row is done
+    remaining: int  # the fewest tokens an active row may still write
+    rows: int  # active rows
+    tokens: int  # tokens written, all rows together
+    row_steps: int  # decode steps taken by active rows, all rows together
+    laggard: int  # the fewest tokens an active row has written: the slowest row's progress
 
 
 def steps_until_check(check_every: int, min_remaining: int, per_step: int, eos: bool) -> int:
@@ -160,20 +172,20 @@ def steps_until_check(check_every: int, min_remaining: int, per_step: int, eos: 
     return min(n, check_every) if eos else n
 
 
-def run_until_done(step: Callable[[], None], progress: Callable[[], tuple[bool, int]], max_new_tokens: int,
+def run_until_done(step: Callable[[], None], progress: Callable[[], Progress], max_new_tokens: int,
                    per_step: int, check_every: int, eos: bool) -> int:
-    """The decode loop of ``generate``: calls ``step()`` until ``progress()`` (one host read:
-    every row done, fewest tokens an active row may still write) says every row is done, reading
-    only when ``steps_until_check`` says a row can have finished. Returns the number of steps."""
+    """The decode loop of ``generate``: calls ``step()`` until ``progress()`` (one host read) says
+    every row is done, reading only when ``steps_until_check`` says a row can have finished.
+    Returns the number of steps."""
     calls, due = 0, steps_until_check(check_every, max_new_tokens, per_step, eos)
     while calls < max_new_tokens:
         step()
         calls += 1
         if calls == due:
-            done, remaining = progress()
-            if done:
+            p = progress()
+            if p.done:
                 break
-            due = calls + steps_until_check(check_every, remaining, per_step, eos)
+            due = calls + steps_until_check(check_every, p.remaining, per_step, eos)
     return calls
 
 
@@ -194,33 +206,29 @@ def policy_arg(beam_width, beam_length, policy) -> SpeculationPolicy | None:
     return policy
 
 
-def run_policy(step: Callable[[int, int], None], progress: Callable[[], tuple[bool, int, int, int, int, int]],
-               policy: SpeculationPolicy, sampling: Any, max_new_tokens: int, check_every: int, eos: bool,
-               batch: int | None = None) -> int:
+def run_policy(step: Callable[[int, int], None], progress: Callable[[], Progress], policy: SpeculationPolicy,
+               sampling: Any, max_new_tokens: int, check_every: int, eos: bool, batch: int | None = None) -> int:
     """The decode loop of ``generate`` under a ``SpeculationPolicy``: at each read, the policy picks
     (W, L) and a window length from the rows' progress, and is told the window's cost and gain when
     it ends (``policy.PolicyWindows``, its estimates kept per sampling setting: None or an object
-    with ``temperature``, ``top_k``, ``top_p``); ``step(W, L)`` runs one step. ``progress()`` is one
-    host read: (every row done, fewest tokens an active row may still write, active rows, tokens
-    written, row-steps taken, fewest tokens an active row has written). The window keeps the loop's
-    own reads (EOS, limits) inside it; it is judged by the slowest row's progress, which is what
-    ends the batch. ``batch``: the rows every step computes (finished ones included), which set its
-    cost. Returns the number of steps."""
+    with ``temperature``, ``top_k``, ``top_p``); ``step(W, L)`` runs one step, ``progress()`` is one
+    host read. The window keeps the loop's own reads (EOS, limits) inside it; it is judged by the
+    slowest row's progress, which is what ends the batch. ``batch``: the rows every step computes
+    (finished ones included), which set its cost. Returns the number of steps."""
     context = None if sampling is None else (float(sampling.temperature), int(sampling.top_k), float(sampling.top_p))
     windows = PolicyWindows(policy, context)
-    done, remaining, rows, tokens, row_steps, lag = progress()
-    calls = 0
-    while not done and calls < max_new_tokens:
-        (W, L), n = windows.choose(rows, tokens, row_steps, laggard=lag, batch=batch)
+    p, calls = progress(), 0
+    while not p.done and calls < max_new_tokens:
+        (W, L), n = windows.choose(p.rows, p.tokens, p.row_steps, laggard=p.laggard, batch=batch)
         n, ran = min(n, max_new_tokens - calls), 0
-        while ran < n and not done:
-            k = min(n - ran, steps_until_check(check_every, remaining, L, eos))
+        while ran < n and not p.done:
+            k = min(n - ran, steps_until_check(check_every, p.remaining, L, eos))
             for _ in range(k):
                 step(W, L)
             ran += k
-            done, remaining, rows, tokens, row_steps, lag = progress()
+            p = progress()
         calls += ran
-        windows.observe(ran, tokens, row_steps, laggard=lag)
+        windows.observe(ran, p.tokens, p.row_steps, laggard=p.laggard)
     return calls
 
 
