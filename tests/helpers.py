@@ -69,3 +69,12 @@ BAD_GENERATE_ARGS = [
     ([[1, 2.5, 3]], 4, TypeError, r"prompts\[0\]\[1\] = 2.5 is not an int token id"),
     ([[True, 2]], 4, TypeError, r"prompts\[0\]\[0\] = True is not an int token id"),
 ]
+
+# generate's beam-shape errors, raised before anything runs, the same on both backends:
+# (keywords, max_new_tokens, message); with max_new_tokens=0 no decode_step runs to check them
+BAD_BEAM_SHAPES = [
+    (dict(beam_length=0), 4, "generate: beam_length must be an int >= 1, got 0"),
+    (dict(beam_width=0), 0, "generate: beam_width must be an int >= 1, got 0"),
+    (dict(beam_width=2.0), 4, r"generate: beam_width must be an int >= 1, got 2\.0"),
+    (dict(beam_length=True), 0, "generate: beam_length must be an int >= 1, got True"),
+]

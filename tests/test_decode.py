@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import BAD_GENERATE_ARGS, OracleDrafter, random_drafter, random_target
+from helpers import BAD_BEAM_SHAPES, BAD_GENERATE_ARGS, OracleDrafter, random_drafter, random_target
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import redrafter_ext as rx
@@ -313,6 +313,24 @@ def test_generate_rejects_bad_arguments_by_name(target):
             rx.generate(target, d, [[1, 2]], 4, eos_id=3.0)
     # tensors and NumPy integers are token ids like Python ints
     assert rx.generate(target, d, torch.tensor([[1, 2, 3]]), 3).tokens == rx.generate(target, d, [[1, 2, 3]], 3).tokens
+
+
+def test_generate_rejects_a_bad_beam_shape_before_any_step(target):
+    d = random_drafter(target)
+    for kw, n, message in BAD_BEAM_SHAPES:
+        with pytest.raises(ValueError, match=message):
+            rx.generate(target, d, [[1, 2, 3]], n, **kw)
+
+
+@pytest.mark.parametrize("bad", [True, 2.0, 0])
+def test_one_int_rule_for_every_argument(target, bad):
+    # policy, serving and generate check ints by one rule (_scalar_checks): never a bool or a float
+    with pytest.raises(ValueError, match=f"SpeculationPolicy: window must be an int >= 1, got {bad!r}"):
+        rx.SpeculationPolicy(window=bad)
+    with pytest.raises(ValueError, match=f"Batch: rows must be an int >= 1, got {bad!r}"):
+        rx.Batch(target, rows=bad, max_new_tokens=4, max_len=32)
+    with pytest.raises(ValueError, match=f"generate: check_every must be an int >= 1, got {bad!r}"):
+        rx.generate(target, random_drafter(target), [[1, 2]], 4, check_every=bad)
 
 
 def test_generate_stops_at_max_position_embeddings():

@@ -11,7 +11,7 @@ mx = pytest.importorskip("mlx.core")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from helpers import BAD_GENERATE_ARGS, random_drafter, random_target  # noqa: E402
+from helpers import BAD_BEAM_SHAPES, BAD_GENERATE_ARGS, random_drafter, random_target  # noqa: E402
 
 import redrafter_ext as rx  # noqa: E402
 import redrafter_ext.mlx as rxm  # noqa: E402
@@ -139,6 +139,24 @@ def test_eos_and_mixed_prompt_lengths(tiny):
         got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L, eos_id=eos, check_every=3)
         assert 0 <= got.calls - max(got.steps) < 3, (W, L, got.calls, got.steps)
     assert rxm.autoregressive_generate(mt, prompts, n).calls == n
+
+
+def test_check_every_default_and_bad_values(tiny):
+    # the torch loop's argument (tests/test_decode.py); MLX passes no device: None reads every 4 steps
+    _, _, mt, md = tiny
+    prompts = [[7, 8, 9, 10, 11, 12, 13, 14, 15]]
+    eos = rxm.autoregressive_generate(mt, prompts, 20).tokens[0][9]  # the row stops at EOS mid-way
+    for kw in ({}, {"check_every": None}):
+        ar = rxm.autoregressive_generate(mt, prompts, 20, eos_id=eos, **kw)
+        assert ar.calls == -(-max(ar.steps) // 4) * 4, (kw, ar.calls, ar.steps)  # read after steps 4, 8, ...
+        got = rxm.generate(mt, md, prompts, 20, beam_width=2, beam_length=3, eos_id=eos, **kw)
+        want = rxm.generate(mt, md, prompts, 20, beam_width=2, beam_length=3, eos_id=eos, check_every=4)
+        assert (got.tokens, got.calls) == (want.tokens, want.calls), kw
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="generate: check_every must be an int >= 1"):
+            rxm.generate(mt, md, prompts, 4, check_every=bad)
+        with pytest.raises(ValueError, match="generate: check_every must be an int >= 1"):
+            rxm.autoregressive_generate(mt, prompts, 4, check_every=bad)
 
 
 class _Scripted(SpeculationPolicy):
@@ -382,3 +400,10 @@ def test_generate_rejects_bad_arguments_by_name(tiny):
     P = mt.config.max_position_embeddings
     with pytest.raises(ValueError, match=rf"prompts\[0\] has 3 tokens; .*max_position_embeddings={P}"):
         rxm.generate(mt, md, [[1, 2, 3]], P - 2)
+
+
+def test_generate_rejects_a_bad_beam_shape_before_any_step(tiny):
+    _, _, mt, md = tiny
+    for kw, n, message in BAD_BEAM_SHAPES:
+        with pytest.raises(ValueError, match=message):
+            rxm.generate(mt, md, [[1, 2, 3]], n, **kw)

@@ -380,7 +380,7 @@ class _FakeClock:
 def _simulate(policy, entries, runs, M, rng, clock, fixed=None):
     """``runs`` one-row generations of ``M`` tokens through ``run_policy`` (or ``fixed`` alone): each
     step costs its entry's seconds and commits 1 + a random number of drafts; returns tokens/second."""
-    from redrafter_ext._generate_common import run_policy
+    from redrafter_ext._generate_common import Progress, run_policy
 
     t0, n_all = clock.t, 0
     for _ in range(runs):
@@ -393,7 +393,7 @@ def _simulate(policy, entries, runs, M, rng, clock, fixed=None):
             st["steps"] += 1
 
         def progress(st=st):
-            return st["n"] >= M, M - st["n"], int(st["n"] < M), st["n"], st["steps"], st["n"]
+            return Progress(st["n"] >= M, M - st["n"], int(st["n"] < M), st["n"], st["steps"], st["n"])
 
         if fixed is None:
             run_policy(step, progress, policy, None, M, 1, False, batch=1)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ._scalar_checks import check_int
 from ._shape_checks import ArrayChecks
 
 INT_DTYPES = (torch.int32, torch.int64)
@@ -87,8 +88,7 @@ def check_skinny_linear(x: Tensor, packed: Tensor, out_features: int, bias: Tens
     op = "skinny_linear"
     check_tensor(op, "x", x, "M, K", (torch.float32,))
     check_tensor(op, "packed", packed, "ceil(N/4), ceil(K/16), 4, 16", (torch.float32,), x.device)
-    if isinstance(out_features, bool) or not isinstance(out_features, int) or out_features < 0:
-        raise ValueError(f"{op}: out_features must be an int >= 0, got {out_features!r}")
+    check_int(op, "out_features", out_features, 0)
     nr, kb = SKINNY_TILE
     want = (-(-out_features // nr), -(-x.shape[1] // kb), nr, kb)
     if tuple(packed.shape) != want:

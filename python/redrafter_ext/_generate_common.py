@@ -1,35 +1,18 @@
 """Host-side parts of ``generate`` shared by the torch and MLX decode loops (imports neither).
 
-Argument checks run once before decoding starts, on plain Python values; ``GenerateOutput`` is the
+Argument checks run once before decoding starts, on plain Python values (by the rules of
+``_scalar_checks``); ``Progress`` is the loops' host read between steps, ``GenerateOutput`` the
 result of both backends' ``generate``.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ._scalar_checks import check_eos_id, check_int, is_integral
 from .policy import PolicyWindows, SpeculationPolicy
-
-
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """The ranges of ``SamplingParams``: temperature finite >= 0, top_k int >= 0, top_p in (0, 1]."""
-    t = temperature
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
-        raise ValueError(f"sampling: temperature must be a finite float >= 0, got {t!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"sampling: top_k must be an int >= 0 (0: off), got {top_k!r}")
-    p = top_p
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise ValueError(f"sampling: top_p must be a float in (0, 1] (1: off), got {p!r}")
-
-
-def _is_int(x: object) -> bool:
-    # numpy integers are numbers.Integral too; bools are ints to Python but never token ids
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _row_list(p: object) -> object:
@@ -59,7 +42,7 @@ def prompt_rows(prompts: Iterable[Iterable[int]], vocab_size: int) -> list[list[
         if isinstance(p, (str, bytes)):
             raise TypeError(f"generate: prompts[{b}] is a string: tokenize it first (each prompt is a list of "
                             "int token ids)")
-        if _is_int(p):
+        if is_integral(p):
             raise TypeError(f"generate: prompts must be a list of token-id lists (one per row), got a flat list "
                             f"of ints; for one prompt pass [[{p}, ...]]")
         if not isinstance(p, Iterable):
@@ -68,7 +51,7 @@ def prompt_rows(prompts: Iterable[Iterable[int]], vocab_size: int) -> list[list[
         if not p:
             raise ValueError(f"generate: prompts[{b}] is empty")
         for i, t in enumerate(p):
-            if not _is_int(t):
+            if not is_integral(t):
                 raise TypeError(f"generate: prompts[{b}][{i}] = {t!r} is not an int token id "
                                 f"({type(t).__name__}; ids are never rounded)")
         bad = [t for t in p if not 0 <= t < V]
@@ -79,16 +62,14 @@ def prompt_rows(prompts: Iterable[Iterable[int]], vocab_size: int) -> list[list[
 
 
 def check_generate_args(max_new_tokens: int, eos_id: int | None, vocab_size: int) -> None:
-    if not _is_int(max_new_tokens) or max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if eos_id is not None and (not _is_int(eos_id) or not 0 <= eos_id < vocab_size):
-        raise ValueError(f"generate: eos_id must be None or an int in the vocabulary [0, {vocab_size}), got {eos_id!r}")
+    check_int("generate", "max_new_tokens", max_new_tokens, 0)
+    check_eos_id("generate", "eos_id", eos_id, vocab_size)
 
 
 def max_positions(target: object) -> int | None:
     """The target's ``config.max_position_embeddings`` (its context length), None when it has none."""
     n = getattr(getattr(target, "config", None), "max_position_embeddings", None)
-    return n if _is_int(n) and n > 0 else None
+    return n if is_integral(n) and n > 0 else None
 
 
 def check_context(rows: list[list[int]], max_new_tokens: int, target: object) -> None:
@@ -133,9 +114,8 @@ def cache_room_error(op: str, row: int, cache_len: int, N: int, S: int) -> str:
 
 
 def check_beam_shape(op: str, beam_width, beam_length) -> None:
-    if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1 \
-            or isinstance(beam_length, bool) or not isinstance(beam_length, int) or beam_length < 1:
-        raise ValueError(f"{op}: beam_width and beam_length must be ints >= 1, got {beam_width!r}, {beam_length!r}")
+    check_int(op, "beam_width", beam_width, 1)
+    check_int(op, "beam_length", beam_length, 1)
 
 
 def check_state_sizes(op: str, target, batches: dict[str, int], hidden_cols: int, max_new_tokens, eos_id,
@@ -149,12 +129,8 @@ def check_state_sizes(op: str, target, batches: dict[str, int], hidden_cols: int
     if hidden_cols != target.hidden_size:
         raise ValueError(f"{op}: state.hidden must have shape (B, H) = ({B}, {target.hidden_size}), "
                          f"got ({batches.get('state.hidden')}, {hidden_cols})")
-    m = max_new_tokens
-    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-        raise ValueError(f"{op}: state.max_new_tokens must be an int >= 0, got {m!r}")
-    e = eos_id
-    if e is not None and (isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < target.vocab_size):
-        raise ValueError(f"{op}: state.eos_id must be None or an int in [0, {target.vocab_size}), got {e!r}")
+    m = check_int(op, "state.max_new_tokens", max_new_tokens, 0)
+    check_eos_id(op, "state.eos_id", eos_id, target.vocab_size)
     N = 1 + beam_width * (beam_length - 1)
     if N > S:
         raise ValueError(f"{op}: the trie needs N = 1 + W*(L-1) = {N} cache slots but the cache has S = {S}")
@@ -164,14 +140,23 @@ def check_state_sizes(op: str, target, batches: dict[str, int], hidden_cols: int
 
 
 def check_every_arg(check_every: int | None, device=None) -> int:
-    """The validated read interval; None: 1 on a CPU (reading host memory costs nothing there, and
-    a step run after every row stopped at EOS costs a whole step), 4 on an accelerator (a read
-    waits for the device)."""
+    """The validated read interval; None: 1 on a torch CPU device (reading host memory costs
+    nothing there, and a step run after every row stopped at EOS costs a whole step), else 4: on an
+    accelerator a read waits for the device, and MLX (no ``device``) waits for its lazy graph."""
     if check_every is None:
         return 1 if device is not None and getattr(device, "type", None) == "cpu" else 4
-    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
-        raise ValueError(f"generate: check_every must be an int >= 1, got {check_every!r}")
-    return check_every
+    return check_int("generate", "check_every", check_every, 1)
+
+
+class Progress(NamedTuple):
+    """The rows' progress: the loop's one host read between steps (each backend's ``_progress``)."""
+
+    done: bool  # every row is done
+    remaining: int  # the fewest tokens an active row may still write
+    rows: int  # active rows
+    tokens: int  # tokens written, all rows together
+    row_steps: int  # decode steps taken by active rows, all rows together
+    laggard: int  # the fewest tokens an active row has written: the slowest row's progress
 
 
 def steps_until_check(check_every: int, min_remaining: int, per_step: int, eos: bool) -> int:
@@ -187,26 +172,27 @@ def steps_until_check(check_every: int, min_remaining: int, per_step: int, eos: 
     return min(n, check_every) if eos else n
 
 
-def run_until_done(step: Callable[[], None], progress: Callable[[], tuple[bool, int]], max_new_tokens: int,
+def run_until_done(step: Callable[[], None], progress: Callable[[], Progress], max_new_tokens: int,
                    per_step: int, check_every: int, eos: bool) -> int:
-    """The decode loop of ``generate``: calls ``step()`` until ``progress()`` (one host read:
-    every row done, fewest tokens an active row may still write) says every row is done, reading
-    only when ``steps_until_check`` says a row can have finished. Returns the number of steps."""
+    """The decode loop of ``generate``: calls ``step()`` until ``progress()`` (one host read) says
+    every row is done, reading only when ``steps_until_check`` says a row can have finished.
+    Returns the number of steps."""
     calls, due = 0, steps_until_check(check_every, max_new_tokens, per_step, eos)
     while calls < max_new_tokens:
         step()
         calls += 1
         if calls == due:
-            done, remaining = progress()
-            if done:
+            p = progress()
+            if p.done:
                 break
-            due = calls + steps_until_check(check_every, remaining, per_step, eos)
+            due = calls + steps_until_check(check_every, p.remaining, per_step, eos)
     return calls
 
 
 def policy_arg(beam_width, beam_length, policy) -> SpeculationPolicy | None:
-    """The ``SpeculationPolicy`` a ``generate`` call runs under, or None for a fixed shape:
-    ``policy`` itself, or a fresh one when W and L are both ``"auto"``."""
+    """The ``SpeculationPolicy`` a ``generate`` call runs under: ``policy`` itself, or a fresh one
+    when W and L are both ``"auto"``; None for a fixed shape, whose W and L are checked here, before
+    anything runs (a call that runs no step would never reach ``decode_step``'s check)."""
     auto = (beam_width == "auto", beam_length == "auto")
     if any(auto) and not all(auto):
         raise ValueError("generate: beam_width and beam_length are 'auto' together (a policy picks both), "
@@ -215,36 +201,34 @@ def policy_arg(beam_width, beam_length, policy) -> SpeculationPolicy | None:
         policy = SpeculationPolicy()
     if policy is not None and not isinstance(policy, SpeculationPolicy):
         raise TypeError(f"generate: policy must be a SpeculationPolicy, got {type(policy).__name__}")
+    if policy is None:
+        check_beam_shape("generate", beam_width, beam_length)
     return policy
 
 
-def run_policy(step: Callable[[int, int], None], progress: Callable[[], tuple[bool, int, int, int, int, int]],
-               policy: SpeculationPolicy, sampling: Any, max_new_tokens: int, check_every: int, eos: bool,
-               batch: int | None = None) -> int:
+def run_policy(step: Callable[[int, int], None], progress: Callable[[], Progress], policy: SpeculationPolicy,
+               sampling: Any, max_new_tokens: int, check_every: int, eos: bool, batch: int | None = None) -> int:
     """The decode loop of ``generate`` under a ``SpeculationPolicy``: at each read, the policy picks
     (W, L) and a window length from the rows' progress, and is told the window's cost and gain when
     it ends (``policy.PolicyWindows``, its estimates kept per sampling setting: None or an object
-    with ``temperature``, ``top_k``, ``top_p``); ``step(W, L)`` runs one step. ``progress()`` is one
-    host read: (every row done, fewest tokens an active row may still write, active rows, tokens
-    written, row-steps taken, fewest tokens an active row has written). The window keeps the loop's
-    own reads (EOS, limits) inside it; it is judged by the slowest row's progress, which is what
-    ends the batch. ``batch``: the rows every step computes (finished ones included), which set its
-    cost. Returns the number of steps."""
+    with ``temperature``, ``top_k``, ``top_p``); ``step(W, L)`` runs one step, ``progress()`` is one
+    host read. The window keeps the loop's own reads (EOS, limits) inside it; it is judged by the
+    slowest row's progress, which is what ends the batch. ``batch``: the rows every step computes
+    (finished ones included), which set its cost. Returns the number of steps."""
     context = None if sampling is None else (float(sampling.temperature), int(sampling.top_k), float(sampling.top_p))
     windows = PolicyWindows(policy, context)
-    done, remaining, rows, tokens, row_steps, lag = progress()
-    calls = 0
-    while not done and calls < max_new_tokens:
-        (W, L), n = windows.choose(rows, tokens, row_steps, laggard=lag, batch=batch)
+    p, calls = progress(), 0
+    while not p.done and calls < max_new_tokens:
+        (W, L), n = windows.choose(p.rows, p.tokens, p.row_steps, laggard=p.laggard, batch=batch)
         n, ran = min(n, max_new_tokens - calls), 0
-        while ran < n and not done:
-            k = min(n - ran, steps_until_check(check_every, remaining, L, eos))
+        while ran < n and not p.done:
+            k = min(n - ran, steps_until_check(check_every, p.remaining, L, eos))
             for _ in range(k):
                 step(W, L)
             ran += k
-            done, remaining, rows, tokens, row_steps, lag = progress()
+            p = progress()
         calls += ran
-        windows.observe(ran, tokens, row_steps, laggard=lag)
+        windows.observe(ran, p.tokens, p.row_steps, laggard=p.laggard)
     return calls
 
 

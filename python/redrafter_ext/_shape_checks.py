@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._scalar_checks import check_int, check_sampling
+
 # The six ops every backend has (the torch one adds kv_compact_paged), in pipeline order.
 OPS = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact")
 
@@ -50,14 +52,6 @@ def common_batch(op: str, batches: dict[str, int]) -> int:
         if b != B:
             raise ValueError(f"{op}: {name} has batch {b} but the other fields have B = {B} rows")
     return B
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 class ArrayChecks:
@@ -143,8 +137,7 @@ class ArrayChecks:
             raise ValueError(f"{op}: tokens must have shape (B, W, L) with B={B}, W={W}, got {tuple(tokens.shape)}")
         if tuple(state.shape[:2]) != (B, W):
             raise ValueError(f"{op}: state must have shape (B, W, D) with B={B}, W={W}, got {tuple(state.shape)}")
-        if not _is_int(step) or not 1 <= step < tokens.shape[2]:
-            raise ValueError(f"{op}: step must be an int in [1, L) with L={tokens.shape[2]}, got {step!r}")
+        check_int(op, "step", step, 1, tokens.shape[2], hint=f" (L = {tokens.shape[2]})")
 
     def build_trie(self, beams: Any) -> None:
         self.array("build_trie", "beams", beams, "B, W, L", self.int_dtypes)
@@ -193,15 +186,8 @@ class ArrayChecks:
         self.shape(op, "sample_u", sample_u, (B,), "B")
         self.sampling_args(op, temperature, top_k, top_p)
 
-    @staticmethod
-    def sampling_args(op: str, temperature: float, top_k: int, top_p: float) -> None:
-        """The scalar arguments of ``verify_sample``: Python numbers only (no bool, no rounding)."""
-        if not _is_real(temperature) or not 0.0 <= float(temperature) < float("inf"):
-            raise ValueError(f"{op}: temperature must be a finite float >= 0, got {temperature!r}")
-        if not _is_int(top_k) or top_k < 0:
-            raise ValueError(f"{op}: top_k must be an int >= 0 (0: no top-k), got {top_k!r}")
-        if not _is_real(top_p) or not 0.0 < float(top_p) <= 1.0:
-            raise ValueError(f"{op}: top_p must be a float in (0, 1] (1: no top-p), got {top_p!r}")
+    # the scalar arguments of ``verify_sample``: Python numbers only (no bool, no rounding)
+    sampling_args = staticmethod(check_sampling)
 
     def _kv_index(self, op: str, dev: Any, B: int, S: int, s_is: str, cache_len: Any, path_nodes: Any,
                   accept_len: Any) -> None:

@@ -30,6 +30,7 @@ from torch import Tensor
 from ._checks import FLOAT_DTYPES, check_tensor
 from ._generate_common import (
     GenerateOutput,
+    Progress,
     Verified,
     cache_length,
     cache_room_error,
@@ -37,13 +38,13 @@ from ._generate_common import (
     check_context,
     check_every_arg,
     check_generate_args,
-    check_sampling,
     check_state_sizes,
     policy_arg,
     prompt_rows,
     run_policy,
     run_until_done,
 )
+from ._scalar_checks import check_sampling
 from ._shape_checks import num_nodes_max
 from .models import PagedKV
 from .policy import SpeculationPolicy
@@ -77,7 +78,7 @@ class SamplingParams:
     generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
-        check_sampling(self.temperature, self.top_k, self.top_p)
+        check_sampling("sampling", self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:
@@ -232,7 +233,7 @@ def decode_step(
     ops = ops or default_ops()
     state.check(target, beam_width, beam_length)
     if check_room:
-        _assert_cache_room(state, num_nodes_max(beam_width, beam_length))
+        _check_overflow(state, num_nodes_max(beam_width, beam_length))
     if isinstance(state.kv, PagedKV) and getattr(ops, "kv_compact_paged", None) is None:
         raise ValueError(f"decode_step: ops {getattr(ops, '__name__', ops)!r} has no kv_compact_paged (paged cache)")
     if uniforms is not None and (sampling is None or sampling.greedy):
@@ -269,8 +270,9 @@ def _step(target, drafter, state: DecodeState, W: int, L: int, ops, sampling: Sa
     return _commit(state, beams, verified, hidden, num_nodes, ops)
 
 
-def _assert_cache_room(state: DecodeState, N: int) -> None:
-    """``0 <= cache_len <= S - N`` in every row, asserted on the device (no host synchronisation)."""
+def _check_overflow(state: DecodeState, N: int) -> None:
+    """Cache room, ``0 <= cache_len <= S - N`` in every row, asserted on the device (no host
+    synchronisation); the MLX loop flags overflowing rows instead (its ``DecodeState.check_overflow``)."""
     S = state.cache_slots
     ok = ((state.cache_len >= 0) & (state.cache_len <= S - N)).all()
     try:
@@ -313,14 +315,14 @@ def _commit(state: DecodeState, beams: Tensor, v: Verified, hidden: Tensor, num_
     state.nodes.add_(torch.where(active, num_nodes, 0))
     state.num_out.add_(n_commit)
     last_token = torch.gather(path_tokens, 1, last.clamp(min=0)[:, None].to(torch.int64))[:, 0]
-    _mark_finished(state, n_commit > 0, last_token)
+    state.done |= _finished(state, n_commit > 0, last_token)
     return n_commit
 
 
-def _mark_finished(state: DecodeState, committed: Tensor, last_token: Tensor) -> None:
-    """The stopping rule of every step: a row is done once it has written its limit of tokens, or
-    when the last token it just committed is its EOS (``num_out`` already counts this step)."""
-    state.done |= (state.num_out >= state.limit) | (committed & (last_token == state.eos))
+def _finished(state: DecodeState, committed: Tensor, last_token: Tensor) -> Tensor:
+    """The stopping rule of every step, ``(B,)`` bool: a row is done once it has written its limit of
+    tokens, or when the last token it just committed is its EOS (``num_out`` already counts this step)."""
+    return (state.num_out >= state.limit) | (committed & (last_token == state.eos))
 
 
 def _stepper(target, drafter, state: DecodeState, ops, timer: StageTimer | None,
@@ -372,7 +374,7 @@ def _ar_step(target, state: DecodeState, sampling: SamplingParams | None, sample
     nxt = (sampling or _GREEDY).sample(logits[:, 0], sample_u)
     state.token.copy_(torch.where(active, nxt, tok))
     state.hidden.copy_(torch.where(active[:, None], hidden[:, 0].to(state.hidden.dtype), state.hidden))
-    _mark_finished(state, active, tok)
+    state.done |= _finished(state, active, tok)
     return a
 
 
@@ -437,19 +439,18 @@ def _finish(state: DecodeState, calls: int) -> GenerateOutput:
     )
 
 
-def _progress(state: DecodeState) -> tuple[bool, int, int, int, int, int]:
-    """(every row done, fewest tokens an active row may still write, active rows, tokens written,
-    row-steps taken, fewest tokens an active row has written), in one host read."""
+def _progress(state: DecodeState) -> Progress:
+    """The rows' progress, in one host read."""
     m = state.max_new_tokens
     stats = torch.stack([state.done.all().to(torch.int64), torch.where(state.done, m, state.limit - state.num_out).amin(),
                          (~state.done).sum(), state.num_out.sum(), state.steps.sum(),
                          torch.where(state.done, m, state.num_out).amin()])
     done, rem, active, tokens, row_steps, lag = stats.tolist()  # sync-ok: generate's read, between steps
-    return bool(done), int(rem), int(active), int(tokens), int(row_steps), int(lag)
+    return Progress(bool(done), int(rem), int(active), int(tokens), int(row_steps), int(lag))
 
 
 def _run(step, state: DecodeState, per_step: int, check_every: int) -> GenerateOutput:
-    calls = run_until_done(step, lambda: _progress(state)[:2], state.max_new_tokens, per_step, check_every,
+    calls = run_until_done(step, lambda: _progress(state), state.max_new_tokens, per_step, check_every,
                            state.eos_id is not None)
     return _finish(state, calls)
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ._generate_common import check_context, prompt_rows
+from ._scalar_checks import check_eos_id, check_int
 from .decode import _GREEDY, DecodeState, SamplingParams, decode_step
 from .models import PagedKV
 from .reference import num_nodes_max
@@ -110,8 +111,7 @@ class Batch:
                  sampling: SamplingParams | None = None) -> None:
         for name, v in (("rows", rows), ("max_new_tokens", max_new_tokens), ("max_len", max_len),
                         ("beam_width", beam_width), ("beam_length", beam_length), ("block_size", block_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "max_new_tokens" else 1):
-                raise ValueError(f"Batch: {name} must be a positive int, got {v!r}")
+            check_int("Batch", name, v, 0 if name == "max_new_tokens" else 1)
         self.target, self.sampling = target, sampling
         self.W, self.L = beam_width, beam_length
         self.N = num_nodes_max(beam_width, beam_length)
@@ -165,8 +165,7 @@ class Batch:
         return [r for r in range(self.rows) if r not in self._free]
 
     def _check_row(self, op: str, row: int) -> None:
-        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.rows:
-            raise ValueError(f"Batch.{op}: row must be an int in [0, {self.rows}), got {row!r}")
+        check_int(f"Batch.{op}", "row", row, 0, self.rows)
 
     # -- admit / retire -------------------------------------------------------------------------
     @torch.no_grad()
@@ -186,13 +185,9 @@ class Batch:
         if row not in self._free:
             raise ValueError(f"Batch.admit: row {row} is busy (retire it first)")
         limit = st.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= st.max_new_tokens:
-            raise ValueError(f"Batch.admit: max_new_tokens must be an int in [0, {st.max_new_tokens}], got {limit!r}")
-        if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
-                                   or not 0 <= eos_id < target.vocab_size):
-            raise ValueError(f"Batch.admit: eos_id must be None or an int in [0, {target.vocab_size}), got {eos_id!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63:
-            raise ValueError(f"Batch.admit: seed must be an int in [0, 2**63), got {seed!r}")
+        check_int("Batch.admit", "max_new_tokens", limit, 0, st.max_new_tokens + 1)
+        check_eos_id("Batch.admit", "eos_id", eos_id, target.vocab_size)
+        check_int("Batch.admit", "seed", seed, 0, 1 << 63)
         (ids,) = prompt_rows([prompt], target.vocab_size)
         need = len(ids) + limit + self.slack
         if need > self.max_len:

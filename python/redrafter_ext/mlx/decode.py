@@ -28,7 +28,8 @@ from types import ModuleType
 import mlx.core as mx
 
 from .. import _generate_common as common  # the host-side parts both backends' loops share
-from .._generate_common import GenerateOutput, Verified
+from .._generate_common import GenerateOutput, Progress, Verified
+from .._scalar_checks import check_sampling
 from .._shape_checks import OPS, num_nodes_max
 from ..policy import SpeculationPolicy
 from . import reference
@@ -72,7 +73,7 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        common.check_sampling(self.temperature, self.top_k, self.top_p)
+        check_sampling("sampling", self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:
@@ -348,28 +349,22 @@ def _finish(state: DecodeState, calls: int) -> GenerateOutput:
     )
 
 
-def _progress(state: DecodeState) -> tuple[bool, int]:
-    """(every row done, fewest tokens an active row may still write), in one host read."""
-    return _progress_full(state)[:2]
-
-
-def _progress_full(state: DecodeState) -> tuple[bool, int, int, int, int, int]:
-    """(every row done, fewest tokens an active row may still write, active rows, tokens written,
-    row-steps taken, fewest tokens an active row has written), in one host read."""
+def _progress(state: DecodeState) -> Progress:
+    """The rows' progress, in one host read."""
     m = state.max_new_tokens
     remaining = mx.min(mx.where(state.done, m, m - state.num_out))
     stats = mx.stack([mx.all(state.done).astype(mx.int32), remaining.astype(mx.int32),
                       mx.sum((~state.done).astype(mx.int32)), mx.sum(state.num_out), mx.sum(state.steps),
                       mx.min(mx.where(state.done, m, state.num_out))])
     done, rem, rows, tokens, row_steps, lag = stats.astype(mx.int32).tolist()  # sync-ok: generate's read
-    return bool(done), int(rem), int(rows), int(tokens), int(row_steps), int(lag)
+    return Progress(bool(done), int(rem), int(rows), int(tokens), int(row_steps), int(lag))
 
 
 def generate(
     target, drafter, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *,
     beam_width: int | str = 4, beam_length: int | str = 4, eos_id: int | None = None, ops: ModuleType | None = None,
-    check_every: int = 4, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-    seed: int = 0, policy: SpeculationPolicy | None = None,
+    check_every: int | None = None, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0,
+    top_p: float = 1.0, seed: int = 0, policy: SpeculationPolicy | None = None,
 ) -> GenerateOutput:
     """ReDrafter generation on MLX: prefill, then ``decode_step`` until every row is done.
 
@@ -386,7 +381,8 @@ def generate(
         ops: a module with the six ops (default: native ``redrafter_ext.mlx.ops`` when present, else
             ``redrafter_ext.mlx.reference``).
         check_every: with an ``eos_id``, read the rows' progress at least once every this many steps
-            (reads also fall where a row can first reach ``max_new_tokens``).
+            (default: 4, as on the torch loop's accelerators: a read waits for the lazy graph); reads
+            also fall where a row can first reach ``max_new_tokens``.
         max_len: cache length S (default: just enough).
         temperature, top_k, top_p: sampling; temperature 0 (the default) is greedy.
         seed: seeds the ``mx.random`` key of all the uniforms.
@@ -395,7 +391,7 @@ def generate(
         ``GenerateOutput``; greedy: the tokens of ``autoregressive_generate``, token for token;
         sampling: distributed as ``autoregressive_generate``'s, reproducible for a given seed.
     """
-    common.check_every_arg(check_every)
+    check_every = common.check_every_arg(check_every)
     policy = common.policy_arg(beam_width, beam_length, policy)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     ops = ops or default_ops()
@@ -409,7 +405,7 @@ def generate(
                                     check_room=False)
             mx.async_eval(box[0].arrays())
 
-        calls = common.run_policy(step_wl, lambda: _progress_full(box[0]), policy, sampling, max_new_tokens,
+        calls = common.run_policy(step_wl, lambda: _progress(box[0]), policy, sampling, max_new_tokens,
                                   check_every, eos_id is not None, batch=state.token.shape[0])
         return _finish(box[0], calls)
     N = num_nodes_max(beam_width, beam_length)
@@ -429,11 +425,12 @@ def generate(
 
 def autoregressive_generate(
     target, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *, eos_id: int | None = None,
-    check_every: int = 4, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-    seed: int = 0,
+    check_every: int | None = None, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0,
+    top_p: float = 1.0, seed: int = 0,
 ) -> GenerateOutput:
-    """Plain decoding with the same target and cache: one token per forward (the baseline)."""
-    common.check_every_arg(check_every)
+    """Plain decoding with the same target and cache: one token per forward (the baseline);
+    ``check_every`` as in ``generate``."""
+    check_every = common.check_every_arg(check_every)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     state = _start(target, prompts, max_new_tokens, 1, eos_id, max_len, sampling, seed)
     params = sampling or SamplingParams(0.0)
