@@ -208,3 +208,13 @@ def test_kd_mixture_draws_groups_by_weight_and_folders_by_size(shards):
     src = ["train" if tuple(r.tolist()) in rows["train"] else "heldout" for r in both.sample(4000, g, embed)[0]]
     n_train, n_held = (teacher.Shards(shards / x, 3).positions for x in ("train", "heldout"))
     assert abs(src.count("train") / 4000 - n_train / (n_train + n_held)) < 0.05  # in proportion to positions
+
+
+def test_evaluate_compares_drafters_on_a_shard_yardstick(shards):
+    _kd(shards, "ev", max_steps=2)
+    d = str(shards / "ev" / "drafter")
+    res = kd.evaluate_drafters([d, d], TINY, [str(shards / "heldout")], K=3, positions=16, shapes="1x3,2x4")
+    r = res[str(shards / "heldout")][d]
+    assert len(r["agreement_per_step"]) == 3 and 1.0 <= r["tokens_per_step_2x4"] <= 4.0
+    with pytest.raises(ValueError, match="WxL"):
+        kd.evaluate_drafters([d], TINY, [str(shards / "heldout")], K=3, shapes="4")

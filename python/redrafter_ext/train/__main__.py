@@ -33,11 +33,21 @@ def main(argv: list[str] | None = None) -> int:
     pk = sub.add_parser("kd", help="long, resumable distillation of a drafter from teacher shards",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     kd.add_args(pk)
+    pe = sub.add_parser("evaluate", help="drafters' held-out agreement and tokens/step (the hand-written prompts' "
+                        "answers, teacher shard folders)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    kd.add_eval_args(pe)
     a = p.parse_args(argv)
     if a.stage == "target":
         target.train(target.config_from_args(a))
     elif a.stage == "teacher":
         teacher.write_shards(teacher.config_from_args(a))
+    elif a.stage == "evaluate":
+        import json
+        from pathlib import Path
+
+        res = kd.evaluate_drafters(a.drafter, a.target, a.heldout or ["hand"], a.K, a.positions, a.shapes, a.cache)
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=2) + "\n")
     elif a.stage == "kd":
         kd.train_kd(kd.config_from_args(a))
     elif a.stage == "selfgen":

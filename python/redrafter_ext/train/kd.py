@@ -40,10 +40,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..drafter import Drafter, DrafterConfig
-from .common import save_drafter
+from .common import load_target, save_drafter
 from .teacher import Shards
 
-__all__ = ["KDConfig", "kd_loss", "HeldOut", "train_kd", "add_args", "config_from_args"]
+__all__ = ["KDConfig", "kd_loss", "HeldOut", "heldout_set", "evaluate_drafters", "train_kd", "add_args",
+           "config_from_args", "add_eval_args"]
 
 # fields a resumed run must share with its checkpoint (the model's shape and the data's meaning)
 _STRUCTURAL = ("target", "K", "num_layers", "draft_vocab")
@@ -213,24 +214,58 @@ class HeldOut:
         return res
 
 
-def _heldout(run: Path, cfg: KDConfig, embed: Tensor) -> HeldOut:
+def heldout_set(folder: str | Path, K: int, embed: Tensor, positions: int, *, shards: bool,
+                target: str = "smollm2-135m-instruct", threads: int | None = None) -> HeldOut:
+    """The yardstick in ``folder``: teacher shards (``shards``), or the greedy answers to the
+    hand-written held-out prompts (``chat_data`` records, generated there once when missing)."""
     from .chat_data import ChatDataConfig, generate_chat_data, load_chat_data
     from .distill_chat import flatten
 
-    if cfg.heldout:
-        s = Shards(cfg.heldout, cfg.K)
+    if shards:
+        s = Shards(folder, K)
         if not s.parts:
-            raise FileNotFoundError(f"kd --heldout: no shard-*.pt in {cfg.heldout}")
-        p = s.parts[0] if len(s.parts) == 1 else {
-            "tokens": torch.cat([x["tokens"] for x in s.parts]), "hidden": torch.cat([x["hidden"] for x in s.parts]),
-            "starts": torch.cat([x["starts"] + sum(len(y["tokens"]) for y in s.parts[:i]) for i, x in enumerate(s.parts)])}
-        return HeldOut(p["tokens"], p["hidden"], p["starts"], cfg.K, embed, cfg.eval_positions)
-    folder = run / "heldout"
-    if not list(folder.glob("part-*.pt")):
-        generate_chat_data(ChatDataConfig(target=cfg.target, out=str(folder), passes="0", split="heldout",
-                                          seed=0, threads=cfg.threads))
-    tokens, hidden, starts = flatten(load_chat_data(folder), cfg.K)
-    return HeldOut(tokens, hidden, starts, cfg.K, embed, cfg.eval_positions)
+            raise FileNotFoundError(f"kd: no shard-*.pt in {folder}")
+        offs = [sum(len(y["tokens"]) for y in s.parts[:i]) for i in range(len(s.parts))]
+        return HeldOut(torch.cat([x["tokens"] for x in s.parts]), torch.cat([x["hidden"] for x in s.parts]),
+                       torch.cat([x["starts"] + o for x, o in zip(s.parts, offs)]), K, embed, positions)
+    if not list(Path(folder).glob("part-*.pt")):
+        generate_chat_data(ChatDataConfig(target=target, out=str(folder), passes="0", split="heldout", seed=0,
+                                          threads=threads))
+    tokens, hidden, starts = flatten(load_chat_data(folder), K)
+    return HeldOut(tokens, hidden, starts, K, embed, positions)
+
+
+def _heldout(run: Path, cfg: KDConfig, embed: Tensor) -> HeldOut:
+    if cfg.heldout:
+        return heldout_set(cfg.heldout, cfg.K, embed, cfg.eval_positions, shards=True)
+    return heldout_set(run / "heldout", cfg.K, embed, cfg.eval_positions, shards=False, target=cfg.target,
+                       threads=cfg.threads)
+
+
+def evaluate_drafters(drafters: list[str], target: str, heldout: list[str], K: int = 5, positions: int = 2048,
+                      shapes: str = "1x3,1x4,1x5,2x5,4x5", cache: str | None = None) -> dict:
+    """Each drafter folder on each yardstick: ``hand`` (greedy answers to the hand-written held-out
+    prompts, cached in ``cache``) and shard folders; returns ``{yardstick: {drafter: results}}``."""
+    from ..hub import cache_dir
+
+    model, _, _ = load_target(target)
+    embed = model.get_input_embeddings().weight.detach().float()
+    del model
+    res: dict = {}
+    for name in heldout:
+        if name == "hand":
+            ho = heldout_set(Path(cache) if cache else cache_dir() / "heldout" / Path(target).name, K, embed, positions,
+                             shards=False, target=target)
+        else:
+            ho = heldout_set(name, K, embed, positions, shards=True)
+        res[name] = {}
+        for d in drafters:
+            r = ho.evaluate(Drafter.from_pretrained(d, dtype=torch.float32), embed, _shapes(shapes))
+            res[name][d] = r
+            print(f"[evaluate] {name} | {d}: agreement " + " ".join(f"{x:.3f}" for x in r["agreement_per_step"])
+                  + " | tokens/step " + " ".join(f"{k.removeprefix('tokens_per_step_')} {v:.2f}" for k, v in r.items()
+                                                 if k.startswith("tokens_per_step")), flush=True)
+    return res
 
 
 def _save_atomic(obj, path: Path) -> None:
@@ -296,8 +331,6 @@ def _init_from(path: str, dcfg: DrafterConfig) -> Drafter:
 
 
 def train_kd(cfg: KDConfig) -> dict:
-    from .common import load_target
-
     if not cfg.run:
         raise ValueError("kd: --run is required")
     if cfg.head_init not in ("random", "embedding"):
@@ -457,3 +490,16 @@ def config_from_args(a: argparse.Namespace) -> KDConfig:
     from .common import dataclass_from_args
 
     return dataclass_from_args(KDConfig, a)
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", action="append", required=True, help="drafter folder (repeatable)")
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--heldout", action="append", default=None,
+                   help="yardstick: 'hand' (greedy answers to the hand-written held-out prompts) or a teacher shard "
+                   "folder (repeatable; default: hand)")
+    p.add_argument("--K", type=int, default=5)
+    p.add_argument("--positions", type=int, default=2048)
+    p.add_argument("--shapes", default="1x3,1x4,1x5,2x5,4x5")
+    p.add_argument("--cache", default=None, help="folder of the hand-written prompts' answers (default: the user cache)")
+    p.add_argument("--json", default=None, help="write the results here")

@@ -11,7 +11,7 @@ EOS or ``--max-new-tokens``.
 What is stored is what the target wrote and where its prompt comes from, never the prompt's text:
 ``part-XXXXX.npz`` (atomic; a rerun resumes with the next missing part) holds
 ``answer`` (sum of lengths,) uint16 token ids, ``length`` (N,) int32, ``temperature`` (N,) float32,
-``source`` (N,) int8 (0 ShareGPT, 1 broad pool, 2 template pool) and ``key`` (N,) str (the ShareGPT id
+``source`` (N,) int8 (0 ShareGPT, 1 broad pool, 2 template pool, 3 ShareGPT's held-out slice) and ``key`` (N,) str (the ShareGPT id
 or the index in its pool). About 2 MB per million tokens: the folder is committed so that data accumulates across
 sessions and machines; ``records`` rebuilds ``(prompt ids, answer ids)`` with the tokenizer, and a
 teacher-forced pass (``teacher --source FOLDER``) recomputes the hidden states.
@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 
 __all__ = ["SelfGenConfig", "generate", "records", "add_args", "config_from_args"]
 
-SOURCES = ("sharegpt", "broad", "templates")  # the index is what a part stores
+# the index is what a part stores; sharegpt-heldout: the held-out slice's first turns (a yardstick, never trained on)
+SOURCES = ("sharegpt", "broad", "templates", "sharegpt-heldout")
 
 
 @dataclass
@@ -66,16 +67,17 @@ def _prompt_pool(tok, max_prompt_tokens: int, sources: list[str]) -> list[tuple[
     if bad or not sources:
         raise ValueError(f"selfgen --sources: {','.join(bad) or 'none'}: choose among {', '.join(SOURCES)}")
     pool = []
-    for c in sharegpt.read_conversations() if "sharegpt" in sources else ():
-        cid = str(c.get("id", ""))
-        if sharegpt.is_heldout(cid):
-            continue
-        m = sharegpt.chat_messages(c)
-        if not m or m[0]["role"] != "user" or len(m[0]["content"]) > 8 * max_prompt_tokens:
-            continue
-        ids = chat_prompt_ids(tok, m[0]["content"])
-        if len(ids) <= max_prompt_tokens:
-            pool.append((0, cid, ids))
+    for split in ("sharegpt", "sharegpt-heldout"):
+        for c in sharegpt.read_conversations() if split in sources else ():
+            cid = str(c.get("id", ""))
+            if sharegpt.is_heldout(cid) != (split == "sharegpt-heldout"):
+                continue
+            m = sharegpt.chat_messages(c)
+            if not m or m[0]["role"] != "user" or len(m[0]["content"]) > 8 * max_prompt_tokens:
+                continue
+            ids = chat_prompt_ids(tok, m[0]["content"])
+            if len(ids) <= max_prompt_tokens:
+                pool.append((SOURCES.index(split), cid, ids))
     for name, texts in _pools().items():
         if name in sources:
             pool += [(SOURCES.index(name), str(i), chat_prompt_ids(tok, t)) for i, t in enumerate(texts())]
@@ -169,7 +171,7 @@ def records(folder: str | Path, tok, max_prompt_tokens: int | None = None) -> li
         ends = np.cumsum(z["length"])
         for r in range(len(z["length"])):
             src, key = int(z["source"][r]), str(z["key"][r])
-            if src == 0:
+            if SOURCES[src].startswith("sharegpt"):
                 if share is None:
                     from . import sharegpt
 
@@ -202,7 +204,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--sources", default=d.sources, help="prompt pools, comma-separated: sharegpt (first turns of the "
-                   "train split), broad (everyday requests), templates (subjects x task templates)")
+                   "train split), broad (everyday requests), templates (subjects x task templates), sharegpt-heldout "
+                   "(first turns of the held-out slice: a yardstick)")
 
 
 def config_from_args(a: argparse.Namespace) -> SelfGenConfig:
