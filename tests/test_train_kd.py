@@ -169,6 +169,7 @@ def test_kd_refuses_a_mismatched_resume_and_fine_tunes_from_a_run(shards):
         _kd(shards, "base", num_layers=2)
     ft = _kd(shards, "ft", init=str(shards / "base"), max_steps=2)
     assert ft["steps"] == 2
+    assert ft["init"]["from"] == str(shards / "base") and ft["init"]["steps"] == 2  # the lineage is kept
     with pytest.raises(ValueError, match="does not match"):
         _kd(shards, "ft2", init=str(shards / "base"), num_layers=2, max_steps=1)
 

@@ -317,6 +317,18 @@ def _head_tokens(cfg: KDConfig, data: _Mixture, gen: torch.Generator, embed: Ten
     return torch.sort(-counts, stable=True).indices[:n]  # stable: ties by id
 
 
+def _lineage(init: str | None) -> dict | None:
+    """What a fine-tune started from: the recipe of ``init`` (its summary without the history)."""
+    if not init:
+        return None
+    p = Path(init)
+    f = p / "training_summary.json" if (p / "training_summary.json").is_file() else p / "drafter" / "training_summary.json"
+    if not f.is_file():
+        return {"from": str(init)}
+    d = json.loads(f.read_text())
+    return {"from": str(init), **{k: v for k, v in d.items() if k != "history"}}
+
+
 def _init_from(path: str, dcfg: DrafterConfig) -> Drafter:
     p = Path(path)
     if (p / "checkpoint.pt").is_file():
@@ -395,11 +407,14 @@ def train_kd(cfg: KDConfig) -> dict:
     print(f"[kd] target {folder}; drafter {n_params:,} parameters, head over {len(ids)} tokens (held-out answer "
           f"tokens outside it: {100 * oov:.2f}%); data: {data.describe()}", flush=True)
 
+    lineage = _lineage(cfg.init)
+
     def summary(final: dict | None = None) -> dict:
         return {"target": cfg.target, "parameters": n_params, "hidden_size": H, "vocab_size": V,
                 "draft_vocab_size": dcfg.draft_vocab_size, "num_layers": cfg.num_layers, "K": cfg.K,
                 "steps": step, "positions_seen": seen, "heldout_oov_rate": oov, "data": data.describe(),
-                "config": asdict(cfg), "history": history, **({"eval": final} if final else {})}
+                "config": asdict(cfg), "history": history, **({"eval": final} if final else {}),
+                **({"init": lineage} if lineage else {})}
 
     def save(final: dict | None = None) -> None:
         _save_atomic({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "gen": gen.get_state(),
