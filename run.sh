@@ -7,7 +7,8 @@
 #   ./run.sh train|shell ...        the training CLI (installs TRAIN_SPEC, the ShareGPT data, first), a shell in the venv
 #   ./run.sh deps                   print the packages setup installs (no set-up)
 # Environment: PYTHON (interpreter, default python3), VENV (default ./.venv),
-# TORCH_SPEC (default torch==2.13.0, the CPU wheel), MLX_SPEC (empty: no MLX backend),
+# TORCH_SPEC (default torch==2.13.0, the CPU wheel), MLX_SPEC (empty: no MLX backend), MLX_LM_SPEC
+# (mlx-lm, installed with the MLX backend; empty: without it),
 # REDRAFTER_CUDA/TORCH/MLX=ON|OFF|AUTO.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -37,7 +38,10 @@ if [ "$(uname -s)" = Darwin ]; then MLX_SPEC=${MLX_SPEC-"mlx>=0.32,<0.33"}; else
   fi
   MLX_SPEC=${MLX_SPEC-"mlx[cpu]>=0.32,<0.33"}
 fi
-[ -n "$MLX_SPEC" ] && DEPS+=("$MLX_SPEC")
+# mlx-lm (redrafter_ext.mlx.adapters.mlx_lm): wherever the MLX backend is. On Linux its wheel
+# declares no mlx dependency (mlx[cpu] above provides it); it brings transformers >= 5.7.
+MLX_LM_SPEC=${MLX_LM_SPEC-"mlx-lm>=0.32.2,<0.33"}
+if [ -n "$MLX_SPEC" ]; then DEPS+=("$MLX_SPEC"); if [ -n "$MLX_LM_SPEC" ]; then DEPS+=("$MLX_LM_SPEC"); fi; fi
 
 say() { printf '\033[1m[run.sh]\033[0m %s\n' "$*" >&2; }
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }

@@ -10,12 +10,19 @@
    ReDrafter's tokens are checked equal to AR's before reporting, and MLX's greedy output is compared
    with the torch backend's on the same prompts (rows identical, and the common prefix length).
 
+3. With ``--mlx-lm``, end to end through an unchanged mlx-lm model instead (``MLXLMTarget``, loaded
+   with ``mlx_lm.load``): mlx-lm's own greedy generation (``generate_step``, argmax sampler) against
+   plain decoding and ReDrafter over the same model object, tokens/s and tokens/step; every output
+   is checked equal to mlx-lm's first.
+
     python bench/bench_mlx.py                 # quick (< 1 min on 2 busy cores)
     python bench/bench_mlx.py --full          # more shapes, longer generations
     python bench/bench_mlx.py --threads 2     # BLAS/OpenMP threads (set before MLX loads)
+    python bench/bench_mlx.py --skip-ops --mlx-lm --model smollm2-135m-instruct --prompts 3
 
 On Linux, ``mlx[cpu]`` links the reference (netlib) BLAS, so matmuls run at a fraction of a
-GFLOP/s: absolute numbers here say little about Apple silicon.
+GFLOP/s: absolute numbers here say little about Apple silicon, and nothing about how ReDrafter
+compares with mlx-lm there (with this BLAS a forward of 7 tokens costs ~5 of one token; about one on a GPU).
 """
 
 from __future__ import annotations
@@ -42,6 +49,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny", help="tiny, smollm2-135m-instruct, or a Hugging Face Llama folder")
     p.add_argument("--skip-ops", action="store_true")
     p.add_argument("--skip-e2e", action="store_true")
+    p.add_argument("--configs", default="", help="ReDrafter (W, L) shapes end to end, e.g. 1x3,2x4 "
+                   "(default 1x4,1x8; --full adds 2x4,4x4,2x6)")
+    p.add_argument("--batch", action="store_true",
+                   help="with --mlx-lm: also all prompts as one batch through ReDrafter, each row checked equal to "
+                        "mlx-lm's output for that prompt alone")
+    p.add_argument("--mlx-lm", action="store_true",
+                   help="end to end through an unchanged mlx-lm model (MLXLMTarget): mlx-lm's own greedy "
+                        "generation vs ReDrafter on the same model")
     return p.parse_args(argv)
 
 
@@ -109,6 +124,16 @@ def bench_ops(mx, ref, native, a) -> None:
                 print(f"{name:<17} {f'{B},{W},{L},{V}':<18} {label:<9} {m:10.3f} {iqr:8.3f} {sp:>8}", flush=True)
 
 
+def e2e_configs(a) -> list[tuple[int, int]]:
+    """The (W, L) shapes run end to end: ``--configs``, else the defaults."""
+    if not a.configs:
+        return [(1, 4), (1, 8)] + ([(2, 4), (4, 4), (2, 6)] if a.full else [])
+    try:
+        return [(int(w), int(l_)) for w, l_ in (c.lower().split("x") for c in a.configs.split(","))]
+    except ValueError:
+        raise SystemExit(f"--configs: expected WxL,WxL,... (e.g. 1x4,2x4), got {a.configs!r}") from None
+
+
 def bench_e2e(mx, rxm, a) -> None:
     import redrafter_ext as rx
     from redrafter_ext.demo import load_named
@@ -116,7 +141,7 @@ def bench_e2e(mx, rxm, a) -> None:
 
     repeats = a.repeats or (5 if a.full else 3)
     n = a.new_tokens or (96 if a.full else 24)
-    configs = [(1, 4), (1, 8)] + ([(2, 4), (4, 4), (2, 6)] if a.full else [])
+    configs = e2e_configs(a)
 
     t_target, t_drafter, text, _ = load_named(a.model)  # the torch backend, for the comparison
     target = rxm.LlamaTarget.from_pretrained(model_folder(a.model))
@@ -159,6 +184,126 @@ def bench_e2e(mx, rxm, a) -> None:
         print(f"{f'W={W} L={L}':<14} {rate:8.1f} {spread:8.1f} {per_step:9.2f} {rate / ar_rate:7.2f}x", flush=True)
 
 
+def forward_costs(mx, rxm, target, prompts, max_nodes: int, n: int, runs: int = 15) -> None:
+    """One forward of T tokens after a committed context: the adapter (tree mask over all S slots,
+    K/V written into the caller's cache) against mlx-lm's own KVCache step over the same model,
+    interleaved so that load from other processes hits both alike; median ms of ``runs``."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    ctx = len(prompts[0]) + n // 2  # a mid-generation context
+    S = len(prompts[0]) + n + max_nodes  # what generate allocates
+    seq = mx.array([(prompts[0] * (1 + ctx // len(prompts[0])))[:ctx]], dtype=mx.int32)
+    kv = target.new_kv_cache(1, S)
+    _, _, kv = target.prefill(seq, mx.array([ctx], dtype=mx.int32), kv)
+    cache = make_prompt_cache(target.model)
+    mx.eval(kv, target.model(seq, cache=cache))
+    print(f"per forward at context {ctx} (S = {S} slots), median ms of {runs} interleaved runs:")
+    print(f"{'T':>3} {'MLXLMTarget':>12} {'mlx-lm KVCache':>15} {'ratio':>7}")
+    for T in sorted({1, 4, max_nodes}):
+        tok = mx.full((1, T), 5, dtype=mx.int32)
+        pos = mx.array([[ctx + t for t in range(T)]], dtype=mx.int32)
+        mask, cl = rxm.causal_tree_mask(1, T), mx.array([ctx], dtype=mx.int32)
+
+        def ours(tok=tok, pos=pos, mask=mask, cl=cl):
+            mx.eval(target(tok, pos, mask, cl, kv))
+
+        def theirs(tok=tok, T=T):
+            mx.eval(target.model(tok, cache=cache))
+            for c in cache:
+                c.trim(T)  # back to the same context for the next run
+
+        ours(), theirs()
+        a, b = [], []
+        for _ in range(runs):
+            for fn, acc in ((ours, a), (theirs, b)):
+                t0 = time.perf_counter()
+                fn()
+                acc.append(time.perf_counter() - t0)
+        ma, mb = statistics.median(a) * 1e3, statistics.median(b) * 1e3
+        print(f"{T:>3} {ma:12.2f} {mb:15.2f} {ma / mb:6.2f}x", flush=True)
+
+
+def bench_mlx_lm(mx, rxm, a) -> None:
+    from types import SimpleNamespace
+
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    from redrafter_ext.demo import Text
+    from redrafter_ext.hub import drafter_folder, load_tokenizer, model_folder
+    from redrafter_ext.mlx.adapters.mlx_lm import MLXLMTarget
+
+    repeats = a.repeats or (5 if a.full else 3)
+    n = a.new_tokens or (96 if a.full else 24)
+    configs = e2e_configs(a)
+    folder = model_folder(a.model)
+    target = MLXLMTarget.from_pretrained(folder)  # mlx_lm.load, float32
+    drafter = rxm.Drafter.from_pretrained(drafter_folder(a.model), dtype=getattr(mx, a.drafter_dtype))
+    tok = load_tokenizer(folder)
+    kind = "none" if tok is None else ("chat" if getattr(tok, "chat_template", None) else "hf")
+    prompts = [ids for _, ids in Text(tok, kind, target.vocab_size).heldout(a.prompts or (3 if a.full else 1), 160)]
+    eos = target.eos_token_id
+    sampler = make_sampler(0.0)
+    ops = rxm.default_ops()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"\n== end to end through mlx-lm: {a.model} ({folder}) loaded by mlx_lm.load as MLXLMTarget (float32), "
+          f"drafter {drafter.dtype}, batch 1, {len(prompts)} held-out prompt(s) of {[len(p) for p in prompts]} tokens "
+          f"one after another, up to {n} new tokens each (EOS {eos}), median of {repeats} runs interleaved across "
+          f"methods (prefill included), "
+          f"ops: {ops.__name__}, threads {a.threads}, load average {load} ==")
+    print("Linux CPU MLX (netlib BLAS, shared cores): these speeds say nothing about Apple silicon.")
+
+    def mlx_lm_greedy(p, k):
+        """mlx-lm's own generation loop (its argmax sampler), stopped after the EOS (kept)."""
+        out = []
+        for t, _ in generate_step(mx.array(p), target.model, max_tokens=k, sampler=sampler):
+            out.append(int(t))
+            if out[-1] == eos:
+                break
+        return SimpleNamespace(tokens=[out], steps=[len(out)])
+
+    methods = [("mlx-lm generate_step", mlx_lm_greedy),
+               ("AR (MLXLMTarget)", lambda p, k: rxm.autoregressive_generate(target, [p], k, eos_id=eos))]
+    methods += [(f"ReDrafter W={W} L={L}", lambda p, k, W=W, L=L: rxm.generate(
+        target, drafter, [p], k, beam_width=W, beam_length=L, ops=ops, eos_id=eos)) for W, L in configs]
+    forward_costs(mx, rxm, target, prompts, max(rxm.decode.num_nodes_max(W, L) for W, L in configs), n)
+    print(f"{'method':<22} {'tok/s':>8} {'spread':>8} {'tok/step':>9} {'vs mlx-lm':>10}")
+    # methods interleaved, their order rotated every repeat: load from other processes hits all alike
+    times: dict[str, list[float]] = {name: [] for name, _ in methods}
+    outs: dict[str, list] = {}
+    for _, fn in methods:
+        fn(prompts[0], 8)  # warm-up (short)
+    for r in range(repeats):
+        for name, fn in methods[r % len(methods):] + methods[: r % len(methods)]:
+            t0 = time.perf_counter()
+            outs[name] = [fn(p, n) for p in prompts]
+            times[name].append(time.perf_counter() - t0)
+    want = [o.tokens[0] for o in outs[methods[0][0]]]
+    base = None
+    for name, _ in methods:
+        out = [o.tokens[0] for o in outs[name]]
+        if out != want:
+            raise SystemExit(f"{name}: greedy output differs from mlx-lm's own generation")
+        tokens = sum(map(len, out))
+        rates = sorted(tokens / t for t in times[name])
+        rate, per_step = statistics.median(rates), tokens / sum(sum(o.steps) for o in outs[name])
+        base = base or rate
+        print(f"{name:<22} {rate:8.2f} {rates[-1] - rates[0]:8.2f} {per_step:9.2f} {rate / base:9.2f}x", flush=True)
+    print(f"every output equals mlx-lm's ({sum(map(len, want))} tokens over {len(prompts)} prompts); "
+          f"load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if a.batch:
+        for W, L in configs:
+            t0 = time.perf_counter()
+            out = rxm.generate(target, drafter, prompts, n, beam_width=W, beam_length=L, ops=ops, eos_id=eos)
+            dt = time.perf_counter() - t0
+            if out.tokens != want:
+                bad = [b for b in range(len(prompts)) if out.tokens[b] != want[b]]
+                raise SystemExit(f"batch of {len(prompts)}, W={W} L={L}: rows {bad} differ from mlx-lm's own output")
+            print(f"batch of {len(prompts)} (prompts of {min(map(len, prompts))}..{max(map(len, prompts))} tokens), "
+                  f"W={W} L={L}: every row equals mlx-lm's output for its prompt alone; {out.tokens_per_step:.2f} "
+                  f"tokens/step, {sum(map(len, out.tokens)) / dt:.2f} tok/s (one run)", flush=True)
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     # thread counts must be set before the BLAS/OpenMP runtimes load
@@ -177,7 +322,7 @@ def main(argv=None) -> int:
     if not a.skip_ops:
         bench_ops(mx, ref, native, a)
     if not a.skip_e2e:
-        bench_e2e(mx, rxm, a)
+        (bench_mlx_lm if a.mlx_lm else bench_e2e)(mx, rxm, a)
     return 0
 
 

@@ -85,6 +85,8 @@ def test_installed_distribution_pins_the_torch_it_was_built_with():
     assert {"numpy", "safetensors", "tqdm", "tokenizers"} <= {r.split(";")[0].strip() for r in reqs}
     mlx_extra = [r for r in reqs if "extra == \"mlx\"" in r]
     assert any(r.startswith("mlx[cpu]") and "linux" in r for r in mlx_extra), reqs
+    mlx_lm_extra = [r for r in reqs if "extra == \"mlx-lm\"" in r]  # the mlx-lm adapter's: mlx and mlx-lm
+    assert any(r.startswith("mlx-lm") for r in mlx_lm_extra) and any(r.startswith("mlx[cpu]") for r in mlx_lm_extra), reqs
 
 
 def test_torch_pin_provider():
@@ -143,6 +145,7 @@ def test_run_sh_skips_mlx_on_old_glibc(tmp_path, glibc, mlx):
                        env=dict(env_clean, **env), timeout=60)
     assert r.returncode == 0, r.stderr
     assert any(line.startswith("mlx[cpu]") for line in r.stdout.splitlines()) == mlx
+    assert any(line.startswith("mlx-lm") for line in r.stdout.splitlines()) == mlx  # mlx-lm goes with MLX
     skipped = [line for line in r.stderr.splitlines() if "skipping the MLX backend" in line]
     assert len(skipped) == (0 if mlx else 1)
     if not mlx:

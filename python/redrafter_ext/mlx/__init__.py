@@ -7,11 +7,14 @@
 The six ops come from ``redrafter_ext.mlx.ops`` (native MLX primitives) when its compiled
 extension is present, else from ``redrafter_ext.mlx.reference`` (pure ``mlx.core``, same
 semantics); importing this package never requires the native extension.
+
+Other engines' models as the target: ``redrafter_ext.mlx.adapters.mlx_lm.MLXLMTarget`` (an mlx-lm
+Llama model, unchanged; mlx-lm is imported only when that module is).
 """
 
 from __future__ import annotations
 
-from . import reference
+from . import adapters, reference
 from .decode import (
     DecodeState,
     GenerateOutput,
@@ -23,9 +26,10 @@ from .decode import (
     native_ops,
 )
 from .drafter import Drafter, beam_search
-from .models import LlamaConfig, LlamaTarget, causal_tree_mask
+from .models import LlamaConfig, LlamaTarget, causal_tree_mask, tree_visibility
 
 __all__ = [
+    "adapters",
     "reference",
     "DecodeState",
     "GenerateOutput",
@@ -40,4 +44,5 @@ __all__ = [
     "LlamaConfig",
     "LlamaTarget",
     "causal_tree_mask",
+    "tree_visibility",
 ]

@@ -25,13 +25,27 @@ import mlx.nn as nn
 
 from ..config import ConfigSizes, LlamaConfig, read_checkpoint  # plain Python: redrafter_ext.mlx needs no torch
 
-__all__ = ["LlamaConfig", "LlamaTarget", "causal_tree_mask"]
+__all__ = ["LlamaConfig", "LlamaTarget", "causal_tree_mask", "tree_visibility"]
 
 
 def causal_tree_mask(batch: int, T: int) -> mx.array:
     """A chain 'tree' for prefill: ``(B, T, T)`` bool lower-triangular."""
     i = mx.arange(T)
     return mx.broadcast_to(i[None, :] <= i[:, None], (batch, T, T))
+
+
+def tree_visibility(tree_mask: mx.array, cache_len: mx.array, S: int) -> mx.array:
+    """Which of S cache slots each tree node attends to: ``(B, T, S)`` bool (as the torch one).
+
+    ``tree_mask (B, T, T)`` bool ancestor-or-self, ``cache_len (B,)`` int. Slot s is visible from
+    node t if it is committed (``s < cache_len``) or an ancestor-or-self of t in the tree block
+    written at ``cache_len .. cache_len+T-1``. Fixed shapes, no host read.
+    """
+    B, T, _ = tree_mask.shape
+    rel = mx.arange(S, dtype=mx.int32)[None, :] - cache_len.astype(mx.int32)[:, None]  # [B, S]
+    in_tree = (rel >= 0) & (rel < T)
+    tree = mx.take_along_axis(tree_mask, mx.broadcast_to(mx.clip(rel, 0, T - 1)[:, None, :], (B, T, S)), axis=2)
+    return (rel < 0)[:, None, :] | (in_tree[:, None, :] & tree)
 
 
 def _rotate_half(x: mx.array) -> mx.array:
