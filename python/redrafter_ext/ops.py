@@ -16,6 +16,7 @@ from torch import Tensor
 
 from . import _C  # noqa: F401  (loads the TORCH_LIBRARY registrations)
 from ._checks import (
+    SKINNY_TILE,
     check_beam_topk,
     check_build_trie,
     check_kv_compact,
@@ -33,7 +34,7 @@ NATIVE_OPS = (*OPS, "kv_compact_paged")
 # registered with a CPU kernel only (on a GPU a GEMM library already does this well)
 CPU_OPS = ("skinny_linear",)
 
-__all__ = [*NATIVE_OPS, *CPU_OPS, "NATIVE_OPS", "CPU_OPS"]
+__all__ = [*NATIVE_OPS, *CPU_OPS, "NATIVE_OPS", "CPU_OPS", "skinny_pack"]
 
 
 def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> Tensor:
@@ -397,8 +398,34 @@ def _kv_compact_paged_fake(
     check_kv_compact_paged(kv_pages, block_table, cache_len, path_nodes, accept_len)
 
 
+def skinny_pack(weight: Tensor) -> Tensor:
+    """Pack a linear layer's weight for ``skinny_linear`` (pure PyTorch, any device).
+
+    Every 4 output rows x 16 inputs form one contiguous 256-byte tile, so a product with a few rows
+    of x reads the weight as one sequential stream. The layout is the one ``skinny_linear`` and
+    ``reference.skinny_linear`` take; a production helper, hence here and not in the reference.
+
+    Args:
+        weight: ``(N, K)`` float32.
+
+    Returns:
+        ``(ceil(N/4), ceil(K/16), 4, 16)`` float32, zero-padded: ``packed[t, j, r, i] =
+        weight[4t + r, 16j + i]``.
+    """
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        raise ValueError(f"skinny_pack: weight must be a 2-D (N, K) tensor, got "
+                         f"{tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
+    if weight.dtype != torch.float32:
+        raise TypeError(f"skinny_pack: weight must be float32, got {weight.dtype}")
+    N, K = weight.shape
+    nr, kb = SKINNY_TILE
+    Np, Kp = -(-N // nr) * nr, -(-K // kb) * kb
+    w = torch.nn.functional.pad(weight.detach(), (0, Kp - K, 0, Np - N))
+    return w.view(Np // nr, nr, Kp // kb, kb).permute(0, 2, 1, 3).contiguous()
+
+
 def skinny_linear(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T (+ bias)`` for a few rows of x, over ``packed = reference.skinny_pack(weight)``
+    """``x @ weight.T (+ bias)`` for a few rows of x, over ``packed = skinny_pack(weight)``
     (native CPU kernel).
 
     A decode step or tree verify multiplies a handful of rows by each weight: the product is bound
@@ -424,7 +451,6 @@ def skinny_linear(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | N
 
     Examples
     --------
-    >>> from redrafter_ext.reference import skinny_pack
     >>> w = torch.arange(6.0).reshape(3, 2); x = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
     >>> skinny_linear(x, skinny_pack(w), 3)
     tensor([[ 1.,  5.,  9.],

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from ._checks import (
-    SKINNY_TILE,
     check_beam_topk,
     check_build_trie,
     check_kv_compact,
@@ -30,7 +29,7 @@ from ._checks import (
 from ._shape_checks import OPS, nodes_ok, num_nodes_max, parents_ok, token_ids_ok
 from .sampling import sample_inverse_cdf, sampling_probs
 
-__all__ = [*OPS, "kv_compact_paged", "skinny_linear", "skinny_pack", "check_kv_compact_paged", "num_nodes_max", "sampling_probs", "sample_inverse_cdf"]
+__all__ = [*OPS, "kv_compact_paged", "skinny_linear", "check_kv_compact_paged", "num_nodes_max", "sampling_probs", "sample_inverse_cdf"]
 
 
 def beam_topk(
@@ -440,31 +439,12 @@ def kv_compact_paged(
     cache_len.add_((acc + 1).to(cache_len.dtype))
 
 
-def skinny_pack(weight: Tensor) -> Tensor:
-    """Pack a linear layer's ``weight (N, K)`` float32 for ``skinny_linear``.
-
-    Returns ``(ceil(N/4), ceil(K/16), 4, 16)`` float32, zero-padded: ``packed[t, j, r, i] =
-    weight[4t + r, 16j + i]``. Every 4 output rows x 16 inputs form one contiguous 256-byte tile,
-    so a product with a few rows of x reads the weight as one sequential stream.
-    """
-    if not isinstance(weight, Tensor) or weight.dim() != 2:
-        raise ValueError(f"skinny_pack: weight must be a 2-D (N, K) tensor, got "
-                         f"{tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
-    if weight.dtype != torch.float32:
-        raise TypeError(f"skinny_pack: weight must be float32, got {weight.dtype}")
-    N, K = weight.shape
-    nr, kb = SKINNY_TILE
-    Np, Kp = -(-N // nr) * nr, -(-K // kb) * kb
-    w = torch.nn.functional.pad(weight.detach(), (0, Kp - K, 0, Np - N))
-    return w.view(Np // nr, nr, Kp // kb, kb).permute(0, 2, 1, 3).contiguous()
-
-
 def skinny_linear(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T (+ bias)`` over a weight packed by ``skinny_pack``.
+    """``x @ weight.T (+ bias)`` over a weight packed by ``ops.skinny_pack``.
 
     Args:
         x: ``(M, K)`` float32.
-        packed: ``(ceil(N/4), ceil(K/16), 4, 16)`` float32, ``skinny_pack(weight)``, on x's device.
+        packed: ``(ceil(N/4), ceil(K/16), 4, 16)`` float32, ``ops.skinny_pack(weight)``, on x's device.
         out_features: N.
         bias: ``(N,)`` float32 or None.
 
