@@ -188,7 +188,7 @@ def bench_skinny_linear(bench, grid, g):
     for (N, K), M in grid:
         count = max(1, (1 << 30) // (N * K * 4))
         ws = [torch.randn(N, K, generator=g) for _ in range(count)]
-        packed = [ref.skinny_pack(w) for w in ws]
+        packed = [ops.skinny_pack(w) for w in ws]
         x = torch.randn(M, K, generator=g)
         shape = f"M={M} N={N} K={K} fp32 (x{count} weights)"
         want = torch.nn.functional.linear(x, ws[0])

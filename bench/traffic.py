@@ -25,18 +25,20 @@ top-k / top-p cannot cut a flat row in one pass). Usage: ``python bench/traffic.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import math
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
 
 from redrafter_ext import reference as ref
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "emu"))
-import emu_build  # noqa: E402
+EMU = Path(__file__).resolve().parents[1] / "tests" / "emu"
 
 HBM = 4.3e12  # bytes/s, H200
 KIND16 = {"f32": 0, "f16": 1, "bf16": 2}
@@ -53,6 +55,16 @@ VERIFY = [  # B, W, L, V, dtype
     (1, 64, 5, 128256, "bf16"), (64, 64, 5, 128256, "bf16"),
 ]
 SAMPLE_SETTINGS = [(1.0, 0, 1.0), (0.8, 50, 0.9)]
+
+
+def emu_build() -> ModuleType:
+    """The emulator's builder, ``tests/emu/emu_build.py``: the package ``emu`` imported by its location
+    (test tooling, not installed), as the tests import it, without putting a folder on sys.path."""
+    if "emu" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("emu", EMU / "__init__.py", submodule_search_locations=[str(EMU)])
+        sys.modules["emu"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["emu"])
+    return importlib.import_module("emu.emu_build")
 
 
 def logits_array(shape, dtype: str, rng: np.random.Generator, max_random_mb: float) -> np.ndarray:
@@ -204,7 +216,7 @@ def main() -> None:
     global SHOW_LAUNCHES
     SHOW_LAUNCHES = args.launches
     ops = args.op or ["verify_greedy", "beam_topk", "verify_sample"]
-    emu = emu_build.build()
+    emu = emu_build().build()
     rng = np.random.default_rng(0)
     print(f"# modelled global traffic (emulator counts), 4.3 TB/s; {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'op':13s} {'shape':34s} {'launches [CTAs each]':>27s} {'model MB':>10s} {'min MB':>10s} {'ratio':>7s} "

@@ -22,12 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 from cases import gen
+from emu import cuda_ops as co
+from emu import emu_build
 
 from redrafter_ext import reference as ref
-
-sys.path.insert(0, str(Path(__file__).parent / "emu"))
-import cuda_ops as co  # noqa: E402
-import emu_build  # noqa: E402
 
 SANITIZE = os.environ.get("REDRAFTER_EMU_SANITIZE") == "1"
 SEEDS = (7,) if SANITIZE else (1, 2, 3)  # one schedule is enough to find memory errors

@@ -5,15 +5,10 @@ falls back to, and the modelled global-memory traffic it reaches with top-k / to
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from emu import emu_build
 from test_cuda_emulated import SANITIZE, SEEDS, check_sample, run_sample, sample_case
-
-sys.path.insert(0, str(Path(__file__).parent / "emu"))
-import emu_build  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,25 +14,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
 from cases import beam_inputs, gen, greedy_logits, kv_inputs, trie_beams
+from emu import cuda_ops, emu_build, metal_build, metal_ops
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redrafter_ext import reference as ref
-
-sys.path.insert(0, str(Path(__file__).parent / "emu"))
-import cuda_ops  # noqa: E402
-import emu_build  # noqa: E402
-import metal_build  # noqa: E402
-import metal_ops  # noqa: E402
 
 SANITIZE = os.environ.get("REDRAFTER_EMU_SANITIZE") == "1"
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)

@@ -188,8 +188,7 @@ def test_smollm2_config(smollm2):
 
 @pytest.mark.parametrize("W,L", [(2, 5), (1, 6)])
 def test_smollm2_greedy_equals_ar_on_heldout(smollm2, W, L):
-    from redrafter_ext.train.chat_data import chat_prompt_ids
-    from redrafter_ext.train.prompts import heldout_prompts
+    from redrafter_ext.prompts import chat_prompt_ids, heldout_prompts
 
     target, drafter, tok = smollm2
     torch.set_num_threads(1)

@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from cases import gen, greedy_logits
+from emu import metal_build
+from emu import metal_ops as mo
 
 from redrafter_ext import reference as ref
-
-sys.path.insert(0, str(Path(__file__).parent / "emu"))
-import metal_build  # noqa: E402
-import metal_ops as mo  # noqa: E402
 
 SEEDS = (1, 2, 3)
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)

@@ -5,13 +5,12 @@ contiguous cache."""
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from cases import gen
+from emu import emu_build
 from helpers import OracleDrafter, random_drafter, random_target
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,9 +20,6 @@ import redrafter_ext as rx
 from redrafter_ext import reference as ref
 from redrafter_ext.decode import _start
 from redrafter_ext.models import PagedKV
-
-sys.path.insert(0, str(Path(__file__).parent / "emu"))
-import emu_build  # noqa: E402
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 SEEDS = (1, 2, 3)

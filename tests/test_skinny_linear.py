@@ -32,7 +32,7 @@ def _inputs(M, N, K, bias, seed):
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_linear(M, N, K, bias):
     x, w, b = _inputs(M, N, K, bias, seed=M * 1000 + N + K)
-    p = ref.skinny_pack(w)
+    p = ops.skinny_pack(w)
     got = ops.skinny_linear(x, p, N, b)
     assert got.shape == (M, N) and got.dtype == torch.float32
     want = F.linear(x.double(), w.double(), None if b is None else b.double()).float()
@@ -44,15 +44,15 @@ def test_matches_linear(M, N, K, bias):
 def test_empty_sizes():
     w = torch.randn(5, 0)
     b = torch.randn(5)
-    assert torch.equal(ops.skinny_linear(torch.randn(3, 0), ref.skinny_pack(w), 5, b), b.expand(3, 5))
-    assert torch.equal(ops.skinny_linear(torch.randn(3, 0), ref.skinny_pack(w), 5), torch.zeros(3, 5))
-    assert ops.skinny_linear(torch.randn(0, 8), ref.skinny_pack(torch.randn(5, 8)), 5).shape == (0, 5)
-    assert ops.skinny_linear(torch.randn(2, 8), ref.skinny_pack(torch.randn(0, 8)), 0).shape == (2, 0)
+    assert torch.equal(ops.skinny_linear(torch.randn(3, 0), ops.skinny_pack(w), 5, b), b.expand(3, 5))
+    assert torch.equal(ops.skinny_linear(torch.randn(3, 0), ops.skinny_pack(w), 5), torch.zeros(3, 5))
+    assert ops.skinny_linear(torch.randn(0, 8), ops.skinny_pack(torch.randn(5, 8)), 5).shape == (0, 5)
+    assert ops.skinny_linear(torch.randn(2, 8), ops.skinny_pack(torch.randn(0, 8)), 0).shape == (2, 0)
 
 
 def test_pack_layout():
     w = torch.arange(6 * 19, dtype=torch.float32).reshape(6, 19)
-    p = ref.skinny_pack(w)
+    p = ops.skinny_pack(w)
     assert p.shape == (2, 2, 4, 16) and p.is_contiguous()
     for t, j, r, i in itertools.product(range(2), range(2), range(4), range(16)):
         n, k = 4 * t + r, 16 * j + i
@@ -64,7 +64,7 @@ def test_each_row_independent_of_the_others(threads):
     """A row's output is bit-identical alone, in any batch, and under any thread split: so a tree
     verify's linears equal a one-token step's."""
     x, w, b = _inputs(37, 1000, 577, True, seed=7)
-    p = ref.skinny_pack(w)
+    p = ops.skinny_pack(w)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -80,7 +80,7 @@ def test_each_row_independent_of_the_others(threads):
 def test_opcheck():
     for M, N, K, bias in [(3, 10, 20, True), (1, 7, 16, False), (6, 4, 33, True)]:
         x, w, b = _inputs(M, N, K, bias, seed=3)
-        torch.library.opcheck(torch.ops.redrafter.skinny_linear.default, (x, ref.skinny_pack(w), N, b))
+        torch.library.opcheck(torch.ops.redrafter.skinny_linear.default, (x, ops.skinny_pack(w), N, b))
 
 
 def test_registered_for_cpu_only():
@@ -91,7 +91,7 @@ def test_registered_for_cpu_only():
 @pytest.mark.parametrize("impl", [ops, ref], ids=["native", "reference"])
 def test_bad_inputs(impl):
     x, w, b = _inputs(3, 10, 20, True, seed=4)
-    p = ref.skinny_pack(w)
+    p = ops.skinny_pack(w)
     cases = [
         ((x[0], p, 10, b), ValueError, "x"),
         ((x.double(), p, 10, b), TypeError, "x"),
@@ -111,7 +111,7 @@ def test_bad_inputs(impl):
 def test_native_launcher_checks_too():
     """Direct ``torch.ops`` calls (no Python checks) get errors naming the argument."""
     x, w, b = _inputs(3, 10, 20, True, seed=5)
-    p = ref.skinny_pack(w)
+    p = ops.skinny_pack(w)
     op = torch.ops.redrafter.skinny_linear
     with pytest.raises(ValueError, match="packed must have shape"):
         op(x, p, 13, None)
@@ -125,9 +125,9 @@ def test_native_launcher_checks_too():
 
 def test_pack_bad_inputs():
     with pytest.raises(ValueError, match="weight must be a 2-D"):
-        ref.skinny_pack(torch.randn(3))
+        ops.skinny_pack(torch.randn(3))
     with pytest.raises(TypeError, match="float32"):
-        ref.skinny_pack(torch.randn(3, 4).half())
+        ops.skinny_pack(torch.randn(3, 4).half())
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from redrafter_ext.prompts import heldout_prompts
 from redrafter_ext.train import prompts as P
 
 
@@ -13,7 +14,7 @@ from redrafter_ext.train import prompts as P
 def test_pools_are_deterministic_distinct_and_never_held_out(pool):
     a, b = pool(), pool()
     assert a == b and len(a) > 2000 and len(set(a)) == len(a)
-    assert not set(a) & set(P.heldout_prompts())
+    assert not set(a) & set(heldout_prompts())
     assert pool(10) == a[:10] and pool(seed=1) != a and sorted(pool(seed=1)) == sorted(a)
 
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import redrafter_ext as rx
+from redrafter_ext import corpus
 from redrafter_ext.drafter import Drafter
-from redrafter_ext.train import corpus, distill, target
+from redrafter_ext.train import distill, target
 
 
 def test_corpus_splits_and_prompts():

@@ -97,7 +97,8 @@ class SamplingParams:
         return sample_inverse_cdf(p, u if u is not None else self.rand(logits.shape[0], device=logits.device))
 
 
-_GREEDY = SamplingParams(0.0)
+#: what ``sampling=None`` means wherever a token is drawn: the argmax
+GREEDY = SamplingParams(0.0)
 
 
 def _sampling_or_none(temperature: float, top_k: int, top_p: float, seed: int, device) -> SamplingParams | None:
@@ -371,7 +372,7 @@ def _ar_step(target, state: DecodeState, sampling: SamplingParams | None, sample
     state.num_out.add_(a)
     state.steps.add_(a)
     state.nodes.add_(a)
-    nxt = (sampling or _GREEDY).sample(logits[:, 0], sample_u)
+    nxt = (sampling or GREEDY).sample(logits[:, 0], sample_u)
     state.token.copy_(torch.where(active, nxt, tok))
     state.hidden.copy_(torch.where(active[:, None], hidden[:, 0].to(state.hidden.dtype), state.hidden))
     state.done |= _finished(state, active, tok)

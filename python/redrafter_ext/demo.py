@@ -27,12 +27,14 @@ import torch
 from . import ops as native_ops
 from . import reference
 from ._generate_common import policy_arg
+from .corpus import load_prompts
 from .decode import autoregressive_generate, generate
 from .drafter import Drafter, DrafterConfig
+from .hub import CHECKPOINTS, load_model, model_folder
 from .models import LlamaConfig, LlamaTarget
 from .profiling import STAGES, StageTimer, choose_threads, load_and_threads
+from .prompts import chat_prompt_ids, heldout_prompts
 
-CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 DTYPES = {"checkpoint": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -42,7 +44,9 @@ def load_models(folder: Path, random_weights: bool, drafter_dtype: torch.dtype |
     Random weights when none are shipped.
 
     The target runs in float32 (greedy equality with AR is checked token for token); the drafter in
-    ``drafter_dtype`` (default: the checkpoint's, bf16).
+    ``drafter_dtype`` (default: the checkpoint's, bf16). Not ``hub.load_model("tiny")``: this keeps
+    the ``tokenizers.Tokenizer`` that ``load_prompt_ids`` encodes with, no column-major weight copies
+    (the tiny model's bench/results_ref were measured so) and the random-weights fallback.
     """
     tdir, ddir = folder / "target", folder / "drafter"
     if not random_weights and (tdir / "config.json").is_file() and (ddir / "drafter_config.json").is_file():
@@ -70,8 +74,6 @@ def load_prompt_ids(tok, n: int, chars: int, vocab: int) -> list[list[int]]:
     if tok is None:
         g = torch.Generator().manual_seed(0)
         return [torch.randint(0, vocab, (16 + 3 * i,), generator=g).tolist() for i in range(n)]  # sync-ok: host prompts
-    from .train.corpus import load_prompts
-
     return [tok.encode(p).ids for p in load_prompts(n, chars=chars, seed=0)]
 
 
@@ -83,8 +85,6 @@ class Text:
 
     def encode(self, text: str) -> list[int]:
         if self.kind == "chat":
-            from .train.chat_data import chat_prompt_ids
-
             return chat_prompt_ids(self.tok, text)
         if self.kind == "hf":
             return list(self.tok(text)["input_ids"])
@@ -102,14 +102,10 @@ class Text:
     def heldout(self, n: int, chars: int = 200) -> list[tuple[str, list[int]]]:
         """``n`` held-out prompts never trained on: (text, ids)."""
         if self.kind == "chat":
-            from .train.prompts import heldout_prompts
-
             return [(p, self.encode(p)) for p in heldout_prompts(n)]
         if self.kind in ("tokenizers", "none"):
             ids = load_prompt_ids(self.tok, n, chars, self.vocab)
             return [(self.decode(p), p) for p in ids]
-        from .train.corpus import load_prompts
-
         return [(p, self.encode(p)) for p in load_prompts(n, chars=chars, seed=0)]
 
 
@@ -121,8 +117,6 @@ def load_named(model: str, drafter: str | None = None, drafter_dtype: torch.dtyp
         if drafter is not None:
             d = Drafter.from_pretrained(drafter, dtype=drafter_dtype)
         return target, d, Text(tok, "tokenizers" if tok is not None else "none", target.vocab_size), desc
-    from .hub import load_model, model_folder
-
     target, d, tok = load_model(model, drafter=drafter, drafter_dtype=drafter_dtype)
     kind = "none" if tok is None else ("chat" if getattr(tok, "chat_template", None) else "hf")
     return target, d, Text(tok, kind, target.vocab_size), f"{model} ({model_folder(model)})"

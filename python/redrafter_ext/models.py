@@ -222,8 +222,7 @@ class LlamaTarget(ConfigSizes, nn.Module):
         update: call again to refresh.
         """
         try:
-            from .ops import skinny_linear  # noqa: F401  (the native CPU kernel)
-            from .reference import skinny_pack
+            from .ops import skinny_linear, skinny_pack  # noqa: F401  (skinny_linear: the native kernel is there)
         except ImportError:  # no native module: F.linear everywhere
             enabled = False
         for m in self._linears():

@@ -7,6 +7,10 @@ int64; integer outputs are int32; scores are float32 whatever the logits dtype.
 Every function here has fixed output shapes and never reads a tensor value on the host, so the
 reference can run inside ``decode_step`` (and under ``torch.compile``) unchanged. Range checks on
 values use ``torch._assert_async``, which raises at once on the CPU and asynchronously on a GPU.
+
+Each op's contract (semantics, shapes, dtypes, value rules) is written once, in the docstrings
+here; the native ops (``redrafter_ext.ops``), the MLX ops and the MLX reference refer to it and
+say only what differs for them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import torch
 from torch import Tensor
 
 from ._checks import (
-    SKINNY_TILE,
     check_beam_topk,
     check_build_trie,
     check_kv_compact,
@@ -30,7 +33,7 @@ from ._checks import (
 from ._shape_checks import OPS, nodes_ok, num_nodes_max, parents_ok, token_ids_ok
 from .sampling import sample_inverse_cdf, sampling_probs
 
-__all__ = [*OPS, "kv_compact_paged", "skinny_linear", "skinny_pack", "check_kv_compact_paged", "num_nodes_max", "sampling_probs", "sample_inverse_cdf"]
+__all__ = [*OPS, "kv_compact_paged", "skinny_linear", "check_kv_compact_paged", "num_nodes_max", "sampling_probs", "sample_inverse_cdf"]
 
 
 def beam_topk(
@@ -39,17 +42,23 @@ def beam_topk(
     """One beam-search step: log-softmax, running score, top-W over W*V, reorder by parent.
 
     Args:
-        logits: ``(B, W, V)`` float32/float16/bfloat16 drafter logits.
-        scores: ``(B, W)`` float32 running joint log-probabilities (``[0, -inf, ...]`` at step 1).
-        tokens: ``(B, W, L)`` int token history; positions ``< step`` are valid. The whole row is
-            copied from the parent beam, then position ``step`` is overwritten.
-        state: ``(B, W, D)`` any float dtype, the drafter state of each beam after this step's
+        logits: ``(B, W, V)`` float32/float16/bfloat16 drafter logits of each beam.
+        scores: ``(B, W)`` float32 running joint log-probabilities; ``[0, -inf, ...]`` at ``step == 1``
+            so that only beam 0 expands.
+        tokens: ``(B, W, L)`` int32/int64 token history; positions ``< step`` must hold token ids in
+            ``[0, 2^31)``. The whole row is copied from the parent beam, then position ``step`` is
+            overwritten.
+        state: ``(B, W, D)`` float32/float16/bfloat16 drafter state of each beam after this step's
             update (reordered with its beam).
         step: position ``1 <= step < L`` written by this step.
 
     Returns:
-        ``(scores (B, W) f32, tokens (B, W, L) i32, state (B, W, D), parent (B, W) i32)``, beams
-        sorted by score descending, ties to the lower flat index ``w * V + v``.
+        ``(scores, tokens, state, parent)``, beams sorted by score descending, ties to the lower flat
+        index ``parent * V + token``:
+        ``scores (B, W)`` float32, ``scores[b, parent] + log_softmax(logits[b, parent])[token]``;
+        ``tokens (B, W, L)`` int32, the parent's row with position ``step`` set to the new token;
+        ``state (B, W, D)``, ``state``'s dtype, the parent's row;
+        ``parent (B, W)`` int32, the parent beam of each new beam.
     """
     check_beam_topk(logits, scores, tokens, state, step)
     torch._assert_async(token_ids_ok(tokens[:, :, :step]).all(),
@@ -83,11 +92,13 @@ def build_trie(beams: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     then the new nodes of beam 1, ... This order is topological (parent < child).
 
     Args:
-        beams: ``(B, W, L)`` int token ids.
+        beams: ``(B, W, L)`` int32/int64 token ids ``>= 0``.
 
     Returns:
-        ``node_token, node_parent, node_depth`` ``(B, N)`` i32 (padding: token 0, parent -1,
-        depth 0; the root has parent -1), ``beam_node`` ``(B, W, L)`` i32, ``num_nodes`` ``(B,)`` i32.
+        ``(node_token, node_parent, node_depth, beam_node, num_nodes)``, all int32:
+        ``node_token, node_parent, node_depth (B, N)`` with ``N = 1 + W*(L-1)`` (padding nodes: token
+        0, parent -1, depth 0; the root has parent -1); ``beam_node (B, W, L)`` the node of each beam
+        position; ``num_nodes (B,)`` the valid nodes per row.
     """
     check_build_trie(beams)
     # negative ids are rejected as by the native ops; int64 ids >= 2^31 are compared at full width,
@@ -134,10 +145,10 @@ def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> T
     """Ancestor-or-self mask of the trie.
 
     Args:
-        node_parent: ``(B, N)`` int, parent of each node (-1 for the root and padding); every
-            parent index is lower than its child's.
-        num_nodes: ``(B,)`` int, valid nodes per row; rows ``>= num_nodes`` are padding and see
-            only themselves.
+        node_parent: ``(B, N)`` int32/int64, parent of each node (-1 for the root and padding);
+            every parent index is lower than its child's.
+        num_nodes: ``(B,)`` int32/int64, valid nodes per row, in ``[0, N]``; rows ``>= num_nodes``
+            are padding and see only themselves.
         packed: return int32 bit words instead of bools.
 
     Returns:
@@ -187,15 +198,23 @@ def _assert_beam_values(op: str, logits: Tensor, beams: Tensor, beam_node: Tenso
 def verify_greedy(logits: Tensor, beams: Tensor, beam_node: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Greedy acceptance: the longest beam whose draft tokens equal the target's argmax.
 
+    Along beam w the accepted length is the number of leading draft tokens ``beams[b, w, d+1]``
+    equal to the argmax of ``logits[b, beam_node[b, w, d]]`` (first maximum on ties, like
+    ``torch.argmax``).
+
     Args:
-        logits: ``(B, N, V)`` target logits at each trie node.
-        beams: ``(B, W, L)`` int draft beams (position 0 is the guaranteed token).
-        beam_node: ``(B, W, L)`` int node of each beam position (from ``build_trie``).
+        logits: ``(B, N', V)`` float32/float16/bfloat16 target logits at each trie node,
+            ``N' >= 1 + W*(L-1)``.
+        beams: ``(B, W, L)`` int32/int64 draft beams (position 0 is the guaranteed token), token ids
+            in ``[0, 2^31)``.
+        beam_node: ``(B, W, L)`` int32/int64 node of each beam position (from ``build_trie``), in
+            ``[0, N')``.
 
     Returns:
-        ``accept_len (B,)`` accepted draft tokens (0..L-1), ``best_beam (B,)`` (ties to the lowest
-        beam), ``path_nodes (B, L)`` nodes of the accepted path root first, -1 past it,
-        ``next_token (B,)`` the target's argmax at the last accepted node. All int32.
+        ``(accept_len, best_beam, path_nodes, next_token)``, all int32: ``accept_len (B,)`` accepted
+        draft tokens (0..L-1); ``best_beam (B,)`` the beam achieving it (ties to the lowest beam);
+        ``path_nodes (B, L)`` the nodes of the accepted path, root first, -1 past ``accept_len``;
+        ``next_token (B,)`` the target's argmax at the last accepted node.
     """
     check_verify_greedy(logits, beams, beam_node)
     _assert_beam_values("verify_greedy", logits, beams, beam_node)
@@ -220,9 +239,9 @@ def verify_sample(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Exact sampling: recursive rejection over the trie, the sampling counterpart of ``verify_greedy``.
 
-    With ``p`` the target's distribution at a node (``sampling_probs``: temperature, top-k, top-p),
-    starting at the root: try the node's distinct children in beam order (child ``c`` ranks by the
-    lowest beam passing through it); the j-th child tried, with token ``t``, is accepted when
+    With ``p`` the target's distribution at a node (``sampling_probs``: temperature, top-k, top-p,
+    float64), starting at the root: try the node's distinct children in beam order (child ``c`` ranks
+    by the lowest beam passing through it); the j-th child tried, with token ``t``, is accepted when
     ``accept_u[b, depth, j] * mass < p(t)`` (float64), ``mass`` being the sum of the not yet
     rejected ``p`` in index order, i.e. with probability ``p(t)`` renormalised; on rejection
     ``p(t) = 0``. An accepted child becomes the current node (the walk stops at depth L-1); when
@@ -237,9 +256,10 @@ def verify_sample(
     Args:
         logits: ``(B, N', V)`` float32/float16/bfloat16 target logits at each trie node,
             ``N' >= 1 + W*(L-1)``.
-        beams: ``(B, W, L)`` int draft beams (position 0 is the guaranteed token; draft tokens at
-            positions ``>= 1`` in ``[0, V)``).
-        beam_node: ``(B, W, L)`` int node of each beam position (from ``build_trie``).
+        beams: ``(B, W, L)`` int32/int64 draft beams (position 0 is the guaranteed token; draft
+            tokens at positions ``>= 1`` in ``[0, V)``).
+        beam_node: ``(B, W, L)`` int32/int64 node of each beam position (from ``build_trie``), in
+            ``[0, N')``.
         accept_u: ``(B, L-1, W)`` float32 uniforms in ``[0, 1)``: ``accept_u[b, d, j]`` decides the
             j-th distinct child tried at depth d (at most W children per node).
         sample_u: ``(B,)`` float32 uniform in ``[0, 1)`` for the final (next) token.
@@ -248,9 +268,9 @@ def verify_sample(
         top_p: float in ``(0, 1]``, 1 is off.
 
     Returns:
-        As ``verify_greedy``: ``accept_len (B,)`` (0..L-1), ``best_beam (B,)`` (the lowest beam
-        containing the accepted path), ``path_nodes (B, L)`` (-1 past ``accept_len``),
-        ``next_token (B,)`` (the token sampled at the stop node). All int32.
+        As ``verify_greedy``, all int32: ``accept_len (B,)`` (0..L-1), ``best_beam (B,)`` (the lowest
+        beam containing the accepted path), ``path_nodes (B, L)`` (root first, -1 past
+        ``accept_len``), ``next_token (B,)`` (the token sampled at the stop node).
     """
     check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
     # the uniforms are checked even when greedy ignores them, as the native op does
@@ -338,10 +358,12 @@ def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Te
     ``accept_len[b] == -1`` marks an inactive row (finished): nothing is copied or advanced.
 
     Args:
-        kv: ``(n_layers, 2, B, H_kv, S, D)`` contiguous cache, any float dtype (modified).
-        cache_len: ``(B,)`` int32 tokens already committed per row (modified).
-        path_nodes: ``(B, L)`` int accepted path from ``verify_greedy`` (-1 past it).
-        accept_len: ``(B,)`` int, -1..L-1.
+        kv: ``(n_layers, 2, B, H_kv, S, D)`` contiguous float32/float16/bfloat16 cache (modified).
+        cache_len: ``(B,)`` int32 tokens already committed per row, in ``[0, S]`` (modified).
+        path_nodes: ``(B, L)`` int32/int64 accepted path from ``verify_greedy``, ``1 <= L <= S``:
+            ``path_nodes[b, i] >= i`` and ``cache_len[b] + path_nodes[b, i] < S`` for
+            ``i <= accept_len[b]``; ignored past it.
+        accept_len: ``(B,)`` int32/int64 in ``[-1, L-1]``.
     """
     check_kv_compact(kv, cache_len, path_nodes, accept_len)
     n_layers, two, B, H, S, D = kv.shape
@@ -367,7 +389,7 @@ def kv_compact(kv: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Te
 def kv_compact_paged(
     kv_pages: Tensor, block_table: Tensor, cache_len: Tensor, path_nodes: Tensor, accept_len: Tensor
 ) -> None:
-    """``kv_compact`` on a paged cache, in place: the accepted path's K/V, then ``cache_len``.
+    """``kv_compact`` on a paged (vLLM-style) cache, in place, every layer in one call.
 
     Logical slot s of row b lives in physical block ``block_table[b, s // block_size]`` at offset
     ``s % block_size``. For each active row b and ``i = 0..accept_len[b]``, logical slot
@@ -376,15 +398,13 @@ def kv_compact_paged(
     (nothing read, copied or advanced; its block table is not looked at).
 
     Args:
-        kv_pages: ``(n_layers, num_blocks, 2, H_kv, block_size, D)`` contiguous, any float dtype
-            (modified). Layers are stacked so that one call (one launch) covers them all.
+        kv_pages: ``(n_layers, num_blocks, 2, H_kv, block_size, D)`` contiguous pages, float32,
+            float16 or bfloat16 (modified); layers are stacked so that one call (one launch) covers
+            them all.
         block_table: ``(B, max_blocks)`` int32; a row holds ``S = max_blocks * block_size`` slots.
             The blocks of the slots a step reads or writes must hold ids in ``[0, num_blocks)`` and
             belong to one (row, logical block) each (no block shared between them).
-        cache_len: ``(B,)`` int32 in ``[0, S]`` (modified).
-        path_nodes: ``(B, L)`` int, ``path_nodes[b, i] >= i`` and ``cache_len[b] + path_nodes[b, i] < S``
-            for ``i <= accept_len[b]``; ignored past it.
-        accept_len: ``(B,)`` int, -1..L-1.
+        cache_len, path_nodes, accept_len: as in ``kv_compact``, with ``S`` the logical length.
     """
     check_kv_compact_paged(kv_pages, block_table, cache_len, path_nodes, accept_len)
     n_layers, num_blocks, _, H, bs, D = kv_pages.shape
@@ -440,32 +460,14 @@ def kv_compact_paged(
     cache_len.add_((acc + 1).to(cache_len.dtype))
 
 
-def skinny_pack(weight: Tensor) -> Tensor:
-    """Pack a linear layer's ``weight (N, K)`` float32 for ``skinny_linear``.
-
-    Returns ``(ceil(N/4), ceil(K/16), 4, 16)`` float32, zero-padded: ``packed[t, j, r, i] =
-    weight[4t + r, 16j + i]``. Every 4 output rows x 16 inputs form one contiguous 256-byte tile,
-    so a product with a few rows of x reads the weight as one sequential stream.
-    """
-    if not isinstance(weight, Tensor) or weight.dim() != 2:
-        raise ValueError(f"skinny_pack: weight must be a 2-D (N, K) tensor, got "
-                         f"{tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
-    if weight.dtype != torch.float32:
-        raise TypeError(f"skinny_pack: weight must be float32, got {weight.dtype}")
-    N, K = weight.shape
-    nr, kb = SKINNY_TILE
-    Np, Kp = -(-N // nr) * nr, -(-K // kb) * kb
-    w = torch.nn.functional.pad(weight.detach(), (0, Kp - K, 0, Np - N))
-    return w.view(Np // nr, nr, Kp // kb, kb).permute(0, 2, 1, 3).contiguous()
-
-
 def skinny_linear(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T (+ bias)`` over a weight packed by ``skinny_pack``.
+    """``x @ weight.T (+ bias)`` over a weight packed by ``ops.skinny_pack``.
 
     Args:
         x: ``(M, K)`` float32.
-        packed: ``(ceil(N/4), ceil(K/16), 4, 16)`` float32, ``skinny_pack(weight)``, on x's device.
-        out_features: N.
+        packed: ``(ceil(N/4), ceil(K/16), 4, 16)`` float32, ``ops.skinny_pack(weight)`` of the
+            ``(N, K)`` weight (4 x 16 tiles, zero-padded), on x's device.
+        out_features: N ``>= 0``, the weight's rows.
         bias: ``(N,)`` float32 or None.
 
     Returns:

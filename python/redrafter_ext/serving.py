@@ -25,9 +25,9 @@ from torch import Tensor
 
 from ._generate_common import check_context, prompt_rows
 from ._scalar_checks import check_eos_id, check_int
-from .decode import _GREEDY, DecodeState, SamplingParams, decode_step
+from ._shape_checks import num_nodes_max
+from .decode import GREEDY, DecodeState, SamplingParams, decode_step
 from .models import PagedKV
-from .reference import num_nodes_max
 
 __all__ = ["Batch", "BlockPool", "row_uniforms"]
 
@@ -211,7 +211,7 @@ class Batch:
         self.seed[row] = seed
         self.draws[row] = 0
         u = row_uniforms(self.seed[row: row + 1], self.draws[row: row + 1], 1)[:, 0]
-        first = (self.sampling or _GREEDY).sample(logits, u)
+        first = (self.sampling or GREEDY).sample(logits, u)
         self.draws[row] = 1
         st.cache_len[row] = len(ids)
         st.hidden[row] = hidden[0].to(st.hidden.dtype)

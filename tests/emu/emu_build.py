@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from cxx_build import CXX, build_module, cached_object, python_includes
+from .cxx_build import CXX, build_module, cached_object, python_includes
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "tests" / ".emu_build"

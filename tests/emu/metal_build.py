@@ -23,7 +23,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from cxx_build import CXX, build_module, cached_object, python_includes
+from .cxx_build import CXX, build_module, cached_object, python_includes
 
 ROOT = Path(__file__).resolve().parents[2]
 METAL = ROOT / "csrc" / "metal"

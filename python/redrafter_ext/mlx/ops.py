@@ -1,11 +1,14 @@
 """ReDrafter ops for MLX: native primitives (``redrafter_ext.mlx._ext``) with the reference's semantics.
 
 Same names, arguments and results as ``redrafter_ext.ops`` / ``redrafter_ext.reference``, on
-``mlx.core.array``. Each op adds one node to MLX's lazy graph (one ``Primitive``): nothing runs
-until the result is evaluated, so the ops compose with other MLX ops and ``mx.compile``. On the
-CPU stream the node runs the project's C++ CPU kernels (the torch extension's) as an asynchronous
-task; on the GPU stream (macOS) the Metal kernels. No autodiff (``grad``/``jvp``/``vjp``) or
-``vmap``: they raise.
+``mlx.core.array``: each op's contract (semantics, shapes, dtypes) is written once, in
+``redrafter_ext.reference``; the docstrings here say what differs on MLX. Every op also takes
+``stream=`` (an ``mx.Stream`` or ``mx.Device``; None: the default stream).
+
+Each op adds one node to MLX's lazy graph (one ``Primitive``): nothing runs until the result is
+evaluated, so the ops compose with other MLX ops and ``mx.compile``. On the CPU stream the node
+runs the project's C++ CPU kernels (the torch extension's) as an asynchronous task; on the GPU
+stream (macOS) the Metal kernels. No autodiff (``grad``/``jvp``/``vjp``) or ``vmap``: they raise.
 
 Checks: every wrapper checks types, ranks, shapes and dtypes here and raises ``TypeError`` /
 ``ValueError`` naming the argument, before anything is built. Integer inputs may be int32 or int64;
@@ -58,90 +61,41 @@ def _i32(a: mx.array) -> mx.array:
 def beam_topk(
     logits: mx.array, scores: mx.array, tokens: mx.array, state: mx.array, step: int, *, stream: Stream = None
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """One fused beam-search step: log-softmax, running score, top-W over W*V, reorder by parent.
+    """One fused beam-search step (MLX primitive): ``redrafter_ext.reference.beam_topk``'s contract.
 
-    Parameters
-    ----------
-    logits : mx.array
-        ``(B, W, V)`` float32/float16/bfloat16 drafter logits of each beam.
-    scores : mx.array
-        ``(B, W)`` float32 running joint log-probabilities; ``[0, -inf, ...]`` at ``step == 1``.
-    tokens : mx.array
-        ``(B, W, L)`` int32/int64 token history (positions ``< step`` are used).
-    state : mx.array
-        ``(B, W, D)`` float32/float16/bfloat16 drafter state of each beam.
-    step : int
-        Position ``1 <= step < L`` written by this step.
-
-    Returns
-    -------
-    scores : float32 ``(B, W)``, sorted descending, ties to the lower flat index ``parent * V + token``.
-    tokens : int32 ``(B, W, L)``, the parent's row with position ``step`` set to the new token.
-    state : ``(B, W, D)``, dtype of ``state``, the parent's row.
-    parent : int32 ``(B, W)``.
-
-    Examples
-    --------
-    >>> logits = mx.array([[[0.0, 2.0, 1.0], [5.0, 0.0, 0.0]]])
-    >>> scores = mx.array([[0.0, float("-inf")]])
-    >>> tokens = mx.array([[[7, 0, 0], [7, 0, 0]]])
-    >>> s, t, st, p = beam_topk(logits, scores, tokens, mx.zeros((1, 2, 4)), step=1)
-    >>> t[0].tolist(), p[0].tolist()
-    ([[7, 1, 0], [7, 2, 0]], [0, 0])
+    Examples:
+        >>> logits = mx.array([[[0.0, 2.0, 1.0], [5.0, 0.0, 0.0]]])
+        >>> scores = mx.array([[0.0, float("-inf")]])
+        >>> tokens = mx.array([[[7, 0, 0], [7, 0, 0]]])
+        >>> s, t, st, p = beam_topk(logits, scores, tokens, mx.zeros((1, 2, 4)), step=1)
+        >>> t[0].tolist(), p[0].tolist()
+        ([[7, 1, 0], [7, 2, 0]], [0, 0])
     """
     _checks.check_beam_topk(logits, scores, tokens, state, step)
     return tuple(_ext.beam_topk(logits, scores, _i32(tokens), state, step, stream=stream))
 
 
 def build_trie(beams: mx.array, *, stream: Stream = None) -> tuple[mx.array, ...]:
-    """Merge the beams' shared prefixes into a trie (node order: first occurrence, beam-major).
+    """Merge the beams' shared prefixes into a trie (MLX primitive): ``redrafter_ext.reference.build_trie``.
 
-    Parameters
-    ----------
-    beams : mx.array
-        ``(B, W, L)`` int32/int64 token ids; position 0 is the guaranteed token (the root).
-
-    Returns
-    -------
-    node_token, node_parent, node_depth : int32 ``(B, N)``, ``N = 1 + W*(L-1)``; padding nodes have
-        token 0, parent -1, depth 0; the root has parent -1.
-    beam_node : int32 ``(B, W, L)`` node of each beam position.
-    num_nodes : int32 ``(B,)`` valid nodes per row.
-
-    Examples
-    --------
-    >>> token, parent, depth, beam_node, n = build_trie(mx.array([[[5, 1, 2], [5, 1, 3], [5, 4, 2]]]))
-    >>> token[0].tolist(), parent[0].tolist(), n.tolist()
-    ([5, 1, 2, 3, 4, 2, 0], [-1, 0, 1, 1, 0, 4, -1], [6])
+    Examples:
+        >>> token, parent, depth, beam_node, n = build_trie(mx.array([[[5, 1, 2], [5, 1, 3], [5, 4, 2]]]))
+        >>> token[0].tolist(), parent[0].tolist(), n.tolist()
+        ([5, 1, 2, 3, 4, 2, 0], [-1, 0, 1, 1, 0, 4, -1], [6])
     """
     _checks.check_build_trie(beams)
     return tuple(_ext.build_trie(_i32(beams), stream=stream))
 
 
 def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False, *, stream: Stream = None) -> mx.array:
-    """Ancestor-or-self mask of the trie.
+    """Ancestor-or-self mask of the trie (MLX primitive): ``redrafter_ext.reference.tree_mask``'s contract.
 
-    Parameters
-    ----------
-    node_parent : mx.array
-        ``(B, N)`` int32/int64 parent of each node (-1: root/padding); parents precede children.
-        A value outside ``[-1, i)`` at node ``i`` makes it a root (it sees only itself).
-    num_nodes : mx.array
-        ``(B,)`` int32/int64 valid nodes per row (clamped into ``[0, N]``); later rows see only
-        themselves.
-    packed : bool
-        Return int32 bit words instead of bools.
+    Out-of-contract values do not raise: a parent outside ``[-1, i)`` at node ``i`` makes it a root
+    (it sees only itself), and ``num_nodes`` is clamped into ``[0, N]``.
 
-    Returns
-    -------
-    mx.array
-        bool ``(B, N, N)`` (``mask[b, i, j]``: node j is an ancestor-or-self of node i), or int32
-        ``(B, N, ceil(N/32))`` with bit ``j % 32`` of word ``j // 32`` set, least significant first.
-
-    Examples
-    --------
-    >>> tree_mask(mx.array([[-1, 0, 1, 0]]), mx.array([4]), packed=True)[0, :, 0].tolist()
-    [1, 3, 7, 9]
+    Examples:
+        >>> tree_mask(mx.array([[-1, 0, 1, 0]]), mx.array([4]), packed=True)[0, :, 0].tolist()
+        [1, 3, 7, 9]
     """
     _checks.check_tree_mask(node_parent, num_nodes)
     return _ext.tree_mask(_i32(node_parent), _i32(num_nodes), bool(packed), stream=stream)
@@ -150,31 +104,15 @@ def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False, 
 def verify_greedy(
     logits: mx.array, beams: mx.array, beam_node: mx.array, *, stream: Stream = None
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """Greedy acceptance: the longest beam whose draft tokens equal the target's argmax.
+    """Greedy acceptance (MLX primitive): ``redrafter_ext.reference.verify_greedy``'s contract.
 
-    Parameters
-    ----------
-    logits : mx.array
-        ``(B, N', V)`` float32/float16/bfloat16 target logits per trie node, ``N' >= 1 + W*(L-1)``.
-    beams : mx.array
-        ``(B, W, L)`` int32/int64 draft beams (position 0 is the guaranteed token).
-    beam_node : mx.array
-        ``(B, W, L)`` int32/int64 node of each beam position (from ``build_trie``), in ``[0, N')``
-        (clamped into it).
+    ``beam_node`` values outside ``[0, N')`` are clamped into it instead of raising.
 
-    Returns
-    -------
-    accept_len : int32 ``(B,)`` accepted draft tokens, ``0..L-1``.
-    best_beam : int32 ``(B,)`` beam achieving it (ties to the lowest beam).
-    path_nodes : int32 ``(B, L)`` nodes of the accepted path, root first, -1 past ``accept_len``.
-    next_token : int32 ``(B,)`` target argmax (first maximum) at the last accepted node.
-
-    Examples
-    --------
-    >>> beams = mx.array([[[5, 1, 2], [5, 1, 3]]]); beam_node = mx.array([[[0, 1, 2], [0, 1, 3]]])
-    >>> logits = mx.zeros((1, 5, 6)); logits[0, 0, 1] = 1; logits[0, 1, 3] = 1; logits[0, 3, 4] = 1
-    >>> [x.tolist() for x in verify_greedy(logits, beams, beam_node)]
-    [[2], [1], [[0, 1, 3]], [4]]
+    Examples:
+        >>> beams = mx.array([[[5, 1, 2], [5, 1, 3]]]); beam_node = mx.array([[[0, 1, 2], [0, 1, 3]]])
+        >>> logits = mx.zeros((1, 5, 6)); logits[0, 0, 1] = 1; logits[0, 1, 3] = 1; logits[0, 3, 4] = 1
+        >>> [x.tolist() for x in verify_greedy(logits, beams, beam_node)]
+        [[2], [1], [[0, 1, 3]], [4]]
     """
     _checks.check_verify_greedy(logits, beams, beam_node)
     return tuple(_ext.verify_greedy(logits, _i32(beams), _i32(beam_node), stream=stream))
@@ -184,18 +122,9 @@ def verify_sample(
     logits: mx.array, beams: mx.array, beam_node: mx.array, accept_u: mx.array, sample_u: mx.array,
     temperature: float, top_k: int = 0, top_p: float = 1.0, *, stream: Stream = None,
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """Exact sampling: recursive rejection over the trie (``reference.verify_sample``'s decisions).
+    """Exact sampling over the trie (MLX primitive): ``redrafter_ext.reference.verify_sample``'s decisions.
 
-    ``p`` is the target's distribution at a node after temperature, top-k and top-p (float64). The
-    node's distinct children are tried in beam order; the j-th, token ``t``, is accepted when
-    ``accept_u[b, depth, j] * mass < p(t)`` (``mass``: the sum of the not yet rejected ``p``), else
-    ``p(t) = 0``. The walk continues at an accepted child; when every child is rejected (or at depth
-    L-1) the next token is drawn from the remaining ``p`` by inverse CDF with ``sample_u[b]``.
-    ``temperature == 0`` is ``verify_greedy`` exactly.
-
-    Parameters and results as ``redrafter_ext.ops.verify_sample`` (shapes, dtypes, ranges), on
-    ``mx.array``; draft tokens and ``beam_node`` values out of range are clamped into it instead of
-    raising.
+    Draft tokens and ``beam_node`` values out of range are clamped into it instead of raising.
     """
     _checks.check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
     top_k = min(top_k, 2**31 - 1)  # >= V is "off" anyway
@@ -210,42 +139,28 @@ def verify_sample(
 def kv_compact(
     kv: mx.array, cache_len: mx.array, path_nodes: mx.array, accept_len: mx.array, *, stream: Stream = None
 ) -> tuple[mx.array, mx.array]:
-    """Keep only the accepted path's K/V and advance ``cache_len``; returns the new ``(kv, cache_len)``.
+    """Keep only the accepted path's K/V (MLX primitive): ``redrafter_ext.reference.kv_compact``, functional.
 
-    For each row b and ``i = 0..accept_len[b]``, slot ``cache_len[b] + path_nodes[b, i]`` is copied
-    to slot ``cache_len[b] + i`` in every layer, K and V; then ``cache_len[b] += accept_len[b] + 1``.
-    ``accept_len[b] == -1`` marks an inactive row: nothing is copied or advanced. A row whose values
-    are invalid (``accept_len`` outside ``[-1, L-1]``, ``cache_len`` outside ``[0, S]``, or for some
-    ``i <= accept_len``: ``path_nodes[b, i] < i`` or ``cache_len[b] + path_nodes[b, i] >= S``) is
-    treated as inactive.
+    Returns the new ``(kv, cache_len)`` instead of writing in place.
+
+    A row whose values are invalid (``accept_len`` outside ``[-1, L-1]``, ``cache_len`` outside
+    ``[0, S]``, or for some ``i <= accept_len``: ``path_nodes[b, i] < i`` or ``cache_len[b] +
+    path_nodes[b, i] >= S``) is treated as inactive instead of raising.
 
     In place in practice: when the old ``kv`` (and ``cache_len``) are referenced by nothing but
     this op at evaluation time, MLX donates their buffers and only the accepted slots move. Write
     ``kv, cache_len = kv_compact(kv, cache_len, ...)``. If the old arrays are still referenced, the
     op copies them first (correct, but a full pass over the cache).
 
-    Parameters
-    ----------
-    kv : mx.array
-        ``(n_layers, 2, B, H_kv, S, D)`` float32/float16/bfloat16 cache.
-    cache_len : mx.array
-        ``(B,)`` int32 tokens already committed per row.
-    path_nodes : mx.array
-        ``(B, L)`` int32/int64 accepted path from ``verify_greedy``, ``1 <= L <= S``.
-    accept_len : mx.array
-        ``(B,)`` int32/int64 in ``[-1, L-1]``.
+    Returns:
+        ``kv`` ``(n_layers, 2, B, H_kv, S, D)``, the compacted cache (``kv``'s dtype), and
+        ``cache_len`` ``(B,)`` int32, the advanced lengths.
 
-    Returns
-    -------
-    kv : ``(n_layers, 2, B, H_kv, S, D)`` compacted cache, dtype of ``kv``.
-    cache_len : int32 ``(B,)`` advanced lengths.
-
-    Examples
-    --------
-    >>> kv = mx.broadcast_to(mx.arange(6.0).reshape(1, 1, 1, 1, 6, 1), (1, 2, 1, 1, 6, 1))
-    >>> kv, cache_len = kv_compact(kv, mx.array([1], dtype=mx.int32), mx.array([[0, 2, 4]]), mx.array([2]))
-    >>> kv[0, 0, 0, 0, :, 0].tolist(), cache_len.tolist()
-    ([0.0, 1.0, 3.0, 5.0, 4.0, 5.0], [4])
+    Examples:
+        >>> kv = mx.broadcast_to(mx.arange(6.0).reshape(1, 1, 1, 1, 6, 1), (1, 2, 1, 1, 6, 1))
+        >>> kv, cache_len = kv_compact(kv, mx.array([1], dtype=mx.int32), mx.array([[0, 2, 4]]), mx.array([2]))
+        >>> kv[0, 0, 0, 0, :, 0].tolist(), cache_len.tolist()
+        ([0.0, 1.0, 3.0, 5.0, 4.0, 5.0], [4])
     """
     _checks.check_kv_compact(kv, cache_len, path_nodes, accept_len)
     return tuple(_ext.kv_compact(kv, cache_len, _i32(path_nodes), _i32(accept_len), stream=stream))

@@ -1,8 +1,8 @@
 """Pure ``mlx.core`` reference of every op: the MLX oracle, same semantics as ``redrafter_ext.reference``.
 
-Notation: B batch rows, W beam width, L beam length including the guaranteed token, V vocabulary,
-N = 1 + W*(L-1) trie nodes (node 0 is the root). Integer inputs may be int32 or int64; integer
-outputs are int32; scores are float32 whatever the logits dtype.
+Each op's contract (semantics, shapes, dtypes; notation B, W, L, V, N) is written once, in the
+docstring of the same-named function of ``redrafter_ext.reference``; the docstrings here say only
+what differs on MLX.
 
 Differences from the PyTorch reference, all forced by MLX being functional and lazy:
 - ``kv_compact`` cannot write in place: it returns ``(kv, cache_len)``.
@@ -46,20 +46,7 @@ def _gather(a: mx.array, idx: mx.array, axis: int) -> mx.array:
 def beam_topk(
     logits: mx.array, scores: mx.array, tokens: mx.array, state: mx.array, step: int
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """One beam-search step: log-softmax, running score, top-W over W*V, reorder by parent.
-
-    Args:
-        logits: ``(B, W, V)`` float32/float16/bfloat16 drafter logits.
-        scores: ``(B, W)`` float32 running joint log-probabilities (``[0, -inf, ...]`` at step 1).
-        tokens: ``(B, W, L)`` int token history; the row is copied from the parent beam, then
-            position ``step`` is overwritten.
-        state: ``(B, W, D)`` float drafter state of each beam (reordered with its beam).
-        step: position ``1 <= step < L`` written by this step.
-
-    Returns:
-        ``(scores (B, W) f32, tokens (B, W, L) i32, state (B, W, D), parent (B, W) i32)``, beams
-        sorted by score descending, ties to the lower flat index ``w * V + v``.
-    """
+    """One beam-search step: ``redrafter_ext.reference.beam_topk`` in ``mlx.core``."""
     _checks.check_beam_topk(logits, scores, tokens, state, step)
     B, W, V = logits.shape
     L = tokens.shape[2]
@@ -83,15 +70,7 @@ def beam_topk(
 
 
 def build_trie(beams: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array, mx.array]:
-    """Merge the beams' shared prefixes into a trie (node order: first occurrence, beam-major then depth).
-
-    Args:
-        beams: ``(B, W, L)`` int token ids; position 0 is the root (taken from beam 0).
-
-    Returns:
-        ``node_token, node_parent, node_depth`` ``(B, N)`` i32 (padding: token 0, parent -1,
-        depth 0; the root has parent -1), ``beam_node`` ``(B, W, L)`` i32, ``num_nodes`` ``(B,)`` i32.
-    """
+    """Merge the beams' shared prefixes into a trie: ``redrafter_ext.reference.build_trie`` in ``mlx.core``."""
     _checks.check_build_trie(beams)
     B, W, L = beams.shape
     N = num_nodes_max(W, L)
@@ -130,17 +109,10 @@ def build_trie(beams: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array,
 
 
 def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False) -> mx.array:
-    """Ancestor-or-self mask of the trie.
+    """Ancestor-or-self mask of the trie: ``redrafter_ext.reference.tree_mask`` in ``mlx.core``.
 
-    Args:
-        node_parent: ``(B, N)`` int, parent of each node (-1 for the root and padding), parent < child;
-            any other parent (a self-parent, a cycle) makes the node a root, as in the native op.
-        num_nodes: ``(B,)`` int, valid nodes per row; rows ``>= num_nodes`` see only themselves.
-        packed: return int32 bit words instead of bools.
-
-    Returns:
-        bool ``(B, N, N)`` (``mask[b, i, j]``: node j is an ancestor-or-self of node i), or, when
-        ``packed``, int32 ``(B, N, ceil(N/32))``, bit ``j % 32`` of word ``j // 32``, LSB first.
+    Any other parent than -1 or a lower node (a self-parent, a cycle) makes the node a root, as in the
+    native op, instead of raising.
     """
     _checks.check_tree_mask(node_parent, num_nodes)
     B, N = node_parent.shape
@@ -174,17 +146,7 @@ def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False) 
 def verify_greedy(
     logits: mx.array, beams: mx.array, beam_node: mx.array
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """Greedy acceptance: the longest beam whose draft tokens equal the target's argmax.
-
-    Args:
-        logits: ``(B, N, V)`` target logits at each trie node.
-        beams: ``(B, W, L)`` int draft beams (position 0 is the guaranteed token).
-        beam_node: ``(B, W, L)`` int node of each beam position (from ``build_trie``).
-
-    Returns:
-        ``accept_len (B,)`` (0..L-1), ``best_beam (B,)`` (ties to the lowest beam), ``path_nodes
-        (B, L)`` (root first, -1 past it), ``next_token (B,)`` (argmax at the last accepted node). int32.
-    """
+    """Greedy acceptance: ``redrafter_ext.reference.verify_greedy`` in ``mlx.core``."""
     _checks.check_verify_greedy(logits, beams, beam_node)
     B, W, L = beams.shape
     target = mx.argmax(logits, axis=-1).astype(mx.int32)  # [B, N]; first maximum on ties
@@ -206,24 +168,9 @@ def verify_sample(
     logits: mx.array, beams: mx.array, beam_node: mx.array, accept_u: mx.array, sample_u: mx.array,
     temperature: float, top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """Exact sampling: recursive rejection over the trie (see ``redrafter_ext.reference.verify_sample``).
+    """Exact sampling over the trie: ``redrafter_ext.reference.verify_sample`` in ``mlx.core``.
 
-    At each node, starting from the root, the distinct children are tried in beam order; the j-th
-    child tried (token t) is accepted when ``accept_u[b, depth, j] * mass < p(t)`` in float64
-    (``mass``: sequential sum of the not yet rejected ``p``); on rejection ``p(t) = 0``. When every
-    child is rejected (or at depth L-1) the next token is drawn from the remaining ``p`` by inverse
-    CDF with ``sample_u[b]``. ``temperature == 0`` is ``verify_greedy`` exactly.
-
-    Args:
-        logits: ``(B, N', V)`` float target logits at each trie node, ``N' >= 1 + W*(L-1)``.
-        beams: ``(B, W, L)`` int draft beams.
-        beam_node: ``(B, W, L)`` int node of each beam position.
-        accept_u: ``(B, L-1, W)`` float32 uniforms in ``[0, 1)``.
-        sample_u: ``(B,)`` float32 uniform in ``[0, 1)``.
-        temperature: ``>= 0`` (0: greedy). top_k: ``>= 0`` (0: off). top_p: in ``(0, 1]`` (1: off).
-
-    Returns:
-        As ``verify_greedy``; ``best_beam`` is the lowest beam containing the accepted path. int32.
+    The float64 part runs on the CPU stream (MLX has float64 there only).
     """
     _checks.check_verify_sample(logits, beams, beam_node, accept_u, sample_u, temperature, top_k, top_p)
     B, W, L = beams.shape
@@ -286,17 +233,7 @@ def verify_sample(
 def kv_compact(
     kv: mx.array, cache_len: mx.array, path_nodes: mx.array, accept_len: mx.array
 ) -> tuple[mx.array, mx.array]:
-    """Keep only the accepted path's K/V and advance ``cache_len``; functional: returns ``(kv, cache_len)``.
-
-    For each row b and ``i = 0..accept_len[b]``, slot ``cache_len[b] + path_nodes[b, i]`` moves to
-    slot ``cache_len[b] + i`` in every layer, K and V; then ``cache_len[b] += accept_len[b] + 1``.
-    ``accept_len[b] == -1`` marks an inactive row: nothing moves or advances.
-
-    Args:
-        kv: ``(n_layers, 2, B, H_kv, S, D)`` float cache.
-        cache_len: ``(B,)`` int32 tokens already committed per row.
-        path_nodes: ``(B, L)`` int accepted path (-1 past it), ``path_nodes[b, i] >= i``.
-        accept_len: ``(B,)`` int in ``[-1, L-1]``.
+    """Keep only the accepted path's K/V: ``redrafter_ext.reference.kv_compact`` in ``mlx.core``, functional.
 
     Returns:
         ``(kv, cache_len)``: the new cache (same shape and dtype) and the new lengths (int32).

@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..prompts import chat_prompt_ids, heldout_prompts
 from . import prompts as prompt_sets
 
-__all__ = ["ChatDataConfig", "generate_chat_data", "load_chat_data", "chat_prompt_ids"]
+__all__ = ["ChatDataConfig", "generate_chat_data", "load_chat_data"]
 
 
 @dataclass
@@ -46,14 +47,6 @@ class ChatDataConfig:
     seed: int = 0
     threads: int | None = None
     split: str = "train"  # "train": the template pool; "broad": the broad pool; "heldout": the held-out prompts
-
-
-def chat_prompt_ids(tok, text: str) -> list[int]:
-    """Token ids of one user turn wrapped in the tokenizer's chat template, ready for the answer."""
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
 
 
 @torch.no_grad()
@@ -103,7 +96,7 @@ def generate_chat_data(cfg: ChatDataConfig) -> Path:
     eos = int(model.config.eos_token_id if not isinstance(model.config.eos_token_id, list)
               else model.config.eos_token_id[0])
     pools = {"train": prompt_sets.train_prompts, "broad": prompt_sets.broad_prompts,
-             "heldout": prompt_sets.heldout_prompts}
+             "heldout": heldout_prompts}
     if cfg.split not in pools:
         raise ValueError(f"chat-data: split must be one of {', '.join(pools)}, got {cfg.split!r}")
     texts = pools[cfg.split](cfg.num_prompts)

@@ -36,9 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .. import reference
+from .. import corpus, reference
 from ..drafter import Drafter, DrafterConfig
-from . import corpus
 from .common import StepLoop, adamw, dataclass_from_args, distill_loss, load_target, optimizer_step
 
 __all__ = ["DistillConfig", "add_args", "config_from_args", "evaluate", "generate_data", "train"]

@@ -1,4 +1,4 @@
-"""Instruction prompts for distilling a drafter from a chat target, and held-out prompts for the demo.
+"""Instruction prompts for distilling a drafter from a chat target.
 
 ``train_prompts()``: a deterministic pool of several hundred diverse instructions, built from task
 templates crossed with subjects (explain, list, compare, write, code, maths, advice, ...).
@@ -7,15 +7,17 @@ recipes, messages, stories and poems, advice, lists, code, arithmetic word probl
 pros and cons, people, places, money), each kind in several wordings and with politeness or
 context around some: a drafter trained on the template pool alone agreed with the target on 59% of
 positions of unseen prompts of that pool but 37% of the hand-written held-out ones (wording shift).
-``heldout_prompts()``: hand-written prompts never in the pools (different wording and subjects);
-the demo, the benches and the drafter's evaluation use them.
+Neither pool holds a held-out prompt (``redrafter_ext.prompts.heldout_prompts``: hand-written, for
+the demo, the benches and the drafter's evaluation).
 """
 
 from __future__ import annotations
 
 import random
 
-__all__ = ["broad_prompts", "heldout_prompts", "train_prompts"]
+from ..prompts import heldout_prompts
+
+__all__ = ["broad_prompts", "train_prompts"]
 
 _SUBJECTS = [
     "photosynthesis", "black holes", "the French Revolution", "machine learning", "climate change",
@@ -121,41 +123,6 @@ _STANDALONE_TEMPLATES = [
         "Write a JavaScript function that adds two numbers.", "How many days are there in a leap year, and why?",
         "Give three arguments for and against school uniforms.",
     ]),
-]
-
-_HELDOUT = [
-    "Explain how a refrigerator keeps food cold.",
-    "Write a short poem about autumn leaves.",
-    "What are three tips for learning to play the guitar?",
-    "Write a Python function that returns the second largest number in a list.",
-    "Why do cats purr?",
-    "Describe the life cycle of a butterfly.",
-    "Give me a simple recipe for tomato soup.",
-    "What is the difference between a planet and a star?",
-    "Write a short email inviting my colleagues to a team lunch.",
-    "How does a compass work?",
-    "Summarize the causes of the First World War in a few sentences.",
-    "Explain what an API is to someone who is not a programmer.",
-    "Solve this and explain each step: A car uses 6 liters of fuel per 100 km. How much fuel does it need for 250 km?",
-    "What are the benefits of drinking water?",
-    "Write a story about a robot who learns to paint.",
-    "How can I make my home more energy efficient?",
-    "What causes the seasons on Earth?",
-    "Give me five ideas for a rainy day with children.",
-    "Explain the difference between a function and a method in Python.",
-    "Why is the sky blue?",
-    "Write a short motivational speech for a sports team before a final.",
-    "What are the main parts of a plant and what do they do?",
-    "How do airplanes stay in the air?",
-    "List some ways to reduce plastic waste.",
-    "What is a mortgage and how does it work?",
-    "Write a haiku about the ocean.",
-    "Explain how vaccines train the immune system.",
-    "What are good strategies for managing time at work?",
-    "Describe the city of Tokyo in a few sentences.",
-    "Write a function in Python that checks whether two strings are anagrams.",
-    "What is the role of the mitochondria in a cell?",
-    "Give me advice for writing a good short story.",
 ]
 
 
@@ -405,7 +372,7 @@ def broad_prompts(n: int | None = None, seed: int = 0) -> list[str]:
             pre = rng.choice(_PREFIXES)
             p = pre + (p[0].lower() + p[1:] if pre.endswith(", ") else p)  # "Hello, how does ..."
         out.append(p)
-    held = set(_HELDOUT)
+    held = set(heldout_prompts())
     out = [p for p in dict.fromkeys(out) if p not in held]
     random.Random(seed).shuffle(out)
     return out if n is None else out[:n]
@@ -421,12 +388,7 @@ def train_prompts(n: int | None = None, seed: int = 0) -> list[str]:
     pool = [t.format(s=s) for s in _SUBJECTS for t in _TEMPLATES]
     for template, items in _STANDALONE_TEMPLATES:
         pool += [template.format(t=t) for t in items]
-    held = set(_HELDOUT)
+    held = set(heldout_prompts())
     pool = [p for p in dict.fromkeys(pool) if p not in held]
     random.Random(seed).shuffle(pool)
     return pool if n is None else pool[:n]
-
-
-def heldout_prompts(n: int | None = None) -> list[str]:
-    """Hand-written prompts never used for training (the first ``n`` when given)."""
-    return list(_HELDOUT) if n is None else list(_HELDOUT[:n])

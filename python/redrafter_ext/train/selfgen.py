@@ -60,8 +60,8 @@ def _pools():
 def _prompt_pool(tok, max_prompt_tokens: int, sources: list[str]) -> list[tuple[int, str, list[int]]]:
     """``(source, key, prompt ids)`` in a fixed order: ShareGPT first turns (train split), then the
     broad pool, then the template pool (each when in ``sources``)."""
+    from ..prompts import chat_prompt_ids
     from . import sharegpt
-    from .chat_data import chat_prompt_ids
 
     bad = [x for x in sources if x not in SOURCES]
     if bad or not sources:
@@ -158,7 +158,7 @@ def generate(cfg: SelfGenConfig) -> Path:
 def records(folder: str | Path, tok, max_prompt_tokens: int | None = None) -> list[dict]:
     """``[{"prompt": ids, "answer": ids, "temperature": T, "source": s, "key": k}, ...]`` of every part,
     the prompts rebuilt from their sources with ``tok``'s chat template."""
-    from .chat_data import chat_prompt_ids
+    from ..prompts import chat_prompt_ids
 
     parts = [p for p in sorted(Path(folder).glob("part-*.npz")) if ".tmp" not in p.name]
     if not parts:

@@ -2,7 +2,7 @@
 
     python -m redrafter_ext.train target --minutes 55
 
-The corpus is the interpreter's own standard library (:mod:`.corpus`). Sequences are random
+The corpus is the interpreter's own standard library (``redrafter_ext.corpus``). Sequences are random
 windows of ``seq_len + 1`` tokens from the packed train stream (files separated by
 ``<|endoftext|>``). AdamW, linear warmup then cosine decay; with ``--minutes`` the schedule runs
 on the fraction of the time budget used (so it decays fully when the budget ends), with
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import corpus
+from .. import corpus
 from .common import StepLoop, adamw, dataclass_from_args, optimizer_step
 
 __all__ = ["TargetTrainConfig", "add_args", "config_from_args", "load_tokenizer", "train", "train_tokenizer"]

@@ -1,9 +1,10 @@
-"""Training corpus: the CPython standard library of the running interpreter.
+"""Training corpus of the tiny model: the CPython standard library of the running interpreter.
 
 Deterministic: files are sorted by relative path and split whole into train / val / heldout by a
 hash of that path (~94 / 3 / 3 %). ``heldout`` files are never trained on; they supply the
-demo and benchmark prompts (:func:`load_prompts`). No corpus text is stored in the repository:
-it is rebuilt from the interpreter's own ``Lib/`` directory each time.
+demo and benchmark prompts (:func:`load_prompts`), which is why this module is outside ``train/``.
+No corpus text is stored in the repository: it is rebuilt from the interpreter's own ``Lib/``
+directory each time.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def load_prompts(n: int, chars: int = 200, seed: int = 0, split: str = "heldout"
     return [cands[order[i % len(order)]] for i in range(n)]
 
 
-def main() -> None:  # corpus statistics: python -m redrafter_ext.train.corpus
+def main() -> None:  # corpus statistics: python -m redrafter_ext.corpus
     root = stdlib_root()
     print(f"stdlib: {root}")
     for split in SPLITS:
