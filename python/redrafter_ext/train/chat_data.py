@@ -83,13 +83,11 @@ def _generate_batch(model, rows: list[list[int]], temperature: float, max_new: i
 
 def generate_chat_data(cfg: ChatDataConfig) -> Path:
     """Generate (or resume) the data set in ``cfg.out``; returns that folder."""
-    torch.set_flush_denormal(True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    from .common import load_target, start_job
+
+    start_job(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    from .common import load_target
-
     model, tok, folder = load_target(cfg.target)
     if tok is None or not getattr(tok, "chat_template", None):
         raise ValueError(f"chat-data: the target {folder} has no tokenizer with a chat template")

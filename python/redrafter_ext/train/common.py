@@ -95,6 +95,24 @@ class StepLoop:
         self.bar.set_postfix(step=self.step, **postfix)
 
 
+def start_job(threads: int | None) -> None:
+    """Every training job's set-up: denormals flushed (some AdamW steps took seconds without it) and
+    ``threads`` torch threads when given."""
+    torch.set_flush_denormal(True)
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def tied_embedding(model, op: str) -> tuple[Tensor, int | None]:
+    """``(embed (V, H) float32, eos id or None)`` of a target whose LM head is its input embedding
+    (the drafter's teacher distribution is ``hidden @ embed.T``)."""
+    embed = model.get_input_embeddings().weight.detach().float()
+    if not torch.equal(embed, model.get_output_embeddings().weight.detach().float()):
+        raise ValueError(f"{op} expects a target with tie_word_embeddings=True")
+    eos = model.config.eos_token_id
+    return embed, eos[0] if isinstance(eos, list) else eos
+
+
 def load_target(name_or_folder: str | Path):
     """``(transformers LlamaForCausalLM float32, eval, frozen; its tokenizer or None; folder)`` of a
     named model (``hub.model_folder``: "tiny", "smollm2-135m-instruct") or a Hugging Face folder."""

@@ -38,7 +38,16 @@ from tqdm.auto import tqdm
 
 from .. import corpus, reference
 from ..drafter import Drafter, DrafterConfig
-from .common import StepLoop, adamw, dataclass_from_args, distill_loss, load_target, optimizer_step
+from .common import (
+    StepLoop,
+    adamw,
+    dataclass_from_args,
+    distill_loss,
+    load_target,
+    optimizer_step,
+    start_job,
+    tied_embedding,
+)
 
 __all__ = ["DistillConfig", "add_args", "config_from_args", "evaluate", "generate_data", "train"]
 
@@ -326,9 +335,7 @@ def train(cfg: DistillConfig) -> dict:
         return train_chat(cfg)
     if cfg.extra_data:
         raise ValueError("--extra-data is for chat targets (their own responses); this target trains on the corpus")
-    torch.set_flush_denormal(True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    start_job(cfg.threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     t0 = time.time()
@@ -340,10 +347,7 @@ def train(cfg: DistillConfig) -> dict:
     out = Path(cfg.out)
 
     model, tok, _ = load_target(cfg.target)
-    head = model.get_output_embeddings().weight.detach().float()  # [V, H] (tied to the input embeddings)
-    embed = model.get_input_embeddings().weight.detach().float()
-    if not torch.equal(head, embed):
-        raise ValueError("distill expects a target with tie_word_embeddings=True")
+    embed, _ = tied_embedding(model, "distill")
     H, V = model.config.hidden_size, model.config.vocab_size
     print(f"[drafter] target {cfg.target}: hidden {H}, vocab {V}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)

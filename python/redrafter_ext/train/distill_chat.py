@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from .. import reference
 from ..drafter import Drafter, DrafterConfig
 from .chat_data import ChatDataConfig, generate_chat_data, load_chat_data
-from .common import StepLoop, distill_loss, load_target, optimizer_step, save_drafter
+from .common import StepLoop, distill_loss, load_target, optimizer_step, save_drafter, start_job, tied_embedding
 
 if TYPE_CHECKING:  # distill dispatches chat targets here: a run-time import would be a cycle
     from .distill import DistillConfig
@@ -114,9 +114,7 @@ def evaluate_chat(drafter: Drafter, ev: tuple, cfg: DistillConfig, embed: torch.
 
 
 def train_chat(cfg: DistillConfig) -> dict:
-    torch.set_flush_denormal(True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    start_job(cfg.threads)
     torch.manual_seed(cfg.seed)
     data = Path(cfg.data)
     heldout = data / "heldout"
@@ -135,11 +133,8 @@ def train_chat(cfg: DistillConfig) -> dict:
             raise FileNotFoundError(f"--extra-data {f}: no part-*.pt files; make them with `chat-data --out {f}`")
     t0 = time.time()  # --minutes budgets the training: data generation is bounded by --data-minutes
     model, _, folder = load_target(cfg.target)
-    embed = model.get_input_embeddings().weight.detach().float()
-    if not torch.equal(embed, model.get_output_embeddings().weight.detach().float()):
-        raise ValueError("distill expects a target with tie_word_embeddings=True")
+    embed, eos = tied_embedding(model, "distill")
     H, V = model.config.hidden_size, model.config.vocab_size
-    eos = model.config.eos_token_id
     del model
     K = cfg.K
     tr = flatten(load_chat_data(data) + [r for f in extra for r in load_chat_data(f)], K)

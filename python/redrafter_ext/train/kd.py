@@ -40,7 +40,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..drafter import Drafter, DrafterConfig
-from .common import load_target, save_drafter
+from .common import load_target, save_drafter, start_job, tied_embedding
 from .teacher import Shards
 
 __all__ = ["KDConfig", "kd_loss", "HeldOut", "heldout_set", "evaluate_drafters", "train_kd", "add_args",
@@ -350,9 +350,7 @@ def train_kd(cfg: KDConfig) -> dict:
     shapes = _shapes(cfg.eval_shapes)
     if any(L - 1 > cfg.K for _, L in shapes):
         raise ValueError(f"kd --eval-shapes: L - 1 must be <= K = {cfg.K}")
-    torch.set_flush_denormal(True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    start_job(cfg.threads)
     run = Path(cfg.run)
     run.mkdir(parents=True, exist_ok=True)
     out = Path(cfg.out) if cfg.out else run / "drafter"
@@ -365,12 +363,8 @@ def train_kd(cfg: KDConfig) -> dict:
             raise ValueError(f"kd: {ck_path} was trained with " + ", ".join(f"{k}={old.get(k)!r}" for k in bad)
                              + "; resume with the same values or start another --run")
     model, _, folder = load_target(cfg.target)
-    embed = model.get_input_embeddings().weight.detach().float()
-    if not torch.equal(embed, model.get_output_embeddings().weight.detach().float()):
-        raise ValueError("kd expects a target with tie_word_embeddings=True")
+    embed, eos = tied_embedding(model, "kd")
     H, V = model.config.hidden_size, model.config.vocab_size
-    eos = model.config.eos_token_id
-    eos = eos[0] if isinstance(eos, list) else eos
     del model
     data = _Mixture(cfg.data, cfg.K)
     heldout = _heldout(run, cfg, embed)

@@ -104,16 +104,13 @@ def _jobs(pool, temps: list[float], batch: int, seed: int) -> list[tuple[float, 
 
 def generate(cfg: SelfGenConfig) -> Path:
     """Generate (or resume) the parts of ``cfg.out``; returns that folder."""
-    import torch
-
     from ..decode import autoregressive_generate
     from ..hub import load_model
+    from .common import start_job
 
     if not cfg.out:
         raise ValueError("selfgen: --out is required")
-    torch.set_flush_denormal(True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    start_job(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target, _, tok = load_model(cfg.target)

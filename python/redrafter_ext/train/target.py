@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import corpus
-from .common import StepLoop, adamw, dataclass_from_args, optimizer_step
+from .common import StepLoop, adamw, dataclass_from_args, optimizer_step, start_job
 
 __all__ = ["TargetTrainConfig", "add_args", "config_from_args", "load_tokenizer", "train", "train_tokenizer"]
 
@@ -229,9 +229,7 @@ def _set_seed(seed: int) -> None:
 
 
 def train(cfg: TargetTrainConfig) -> dict:
-    torch.set_flush_denormal(True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    start_job(cfg.threads)
     _set_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

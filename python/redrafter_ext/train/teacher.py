@@ -137,13 +137,11 @@ def write_shards(cfg: TeacherConfig, items: Iterator[tuple[list[int], list[tuple
     """Write (or resume) the shards of ``cfg.source`` into ``cfg.out``; returns that folder.
 
     ``items``: ``(ids, answer spans)`` to read instead of ``cfg.source`` (the same sequence on a resume)."""
-    from .common import load_target
+    from .common import load_target, start_job
 
     if not cfg.out:
         raise ValueError("teacher: --out is required")
-    torch.set_flush_denormal(True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    start_job(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok, folder = load_target(cfg.target)
