@@ -92,7 +92,49 @@ class _Body(nn.Module):
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
 
 
-class LlamaTarget(ConfigSizes, nn.Module):
+class TreeForward:
+    """The protocol's ``__call__`` / ``forward`` / ``prefill``, once for every MLX target, over the
+    target's ``_body`` (hidden states after the final norm, the cache with the new K/V written),
+    ``_head`` (float32 logits) and ``_check`` (metadata checks; none by default)."""
+
+    def _check(self, op: str, tokens: mx.array, positions: mx.array, tree_mask: mx.array, cache_len: mx.array,
+               kv: mx.array, lengths: mx.array | None = None) -> None:
+        pass
+
+    def __call__(
+        self, tokens: mx.array, positions: mx.array, tree_mask: mx.array, cache_len: mx.array, kv: mx.array
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """Tree forward (see the module docstring); lazy, fixed shapes, no host reads.
+
+        tokens, positions ``(B, T)`` int; tree_mask ``(B, T, T)`` bool; cache_len ``(B,)`` int;
+        kv ``(n_layers, 2, B, H_kv, S, D)``. Returns ``logits (B, T, V)`` float32, ``hidden (B, T, H)``
+        after the final norm, and the cache with token t's K/V at slot ``cache_len[b] + t``.
+        """
+        self._check(f"{type(self).__name__}.forward", tokens, positions, tree_mask, cache_len, kv)
+        hidden, kv = self._body(tokens, positions, tree_mask, cache_len, kv)
+        return self._head(hidden), hidden, kv
+
+    def forward(self, *args: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        return self(*args)
+
+    def prefill(self, tokens: mx.array, lengths: mx.array, kv: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """Run right-padded prompts ``tokens (B, T)`` of ``lengths (B,)`` into slots 0..T-1 of ``kv``.
+
+        Returns ``logits (B, V)`` float32 and ``hidden (B, H)`` at each row's last prompt token, and
+        the cache. Only the last positions go through the LM head.
+        """
+        B, T = tokens.shape
+        positions = mx.broadcast_to(mx.arange(T, dtype=mx.int32)[None, :], (B, T))
+        cache_len = mx.zeros((B,), dtype=mx.int32)
+        tree = causal_tree_mask(B, T)
+        self._check(f"{type(self).__name__}.prefill", tokens, positions, tree, cache_len, kv, lengths)
+        hidden, kv = self._body(tokens, positions, tree, cache_len, kv)
+        last = mx.clip(lengths.astype(mx.int32) - 1, 0, T - 1)[:, None, None]
+        hidden = mx.take_along_axis(hidden, mx.broadcast_to(last, (B, 1, hidden.shape[2])), axis=1)[:, 0]
+        return self._head(hidden), hidden, kv
+
+
+class LlamaTarget(ConfigSizes, TreeForward, nn.Module):
     """Llama causal LM with an explicit, caller-owned KV cache and tree attention (parameter names
     are Hugging Face's, so a checkpoint loads as is)."""
 
@@ -165,32 +207,6 @@ class LlamaTarget(ConfigSizes, nn.Module):
         slots = mx.minimum(cache_len[:, None] + mx.arange(T)[None, :], S - 1).astype(mx.int32)
         kv = mx.put_along_axis(kv, mx.broadcast_to(slots[None, None, :, None, :, None], upd.shape), upd, axis=4)
         return self.model.norm(x), kv
-
-    def __call__(
-        self, tokens: mx.array, positions: mx.array, tree_mask: mx.array, cache_len: mx.array, kv: mx.array
-    ) -> tuple[mx.array, mx.array, mx.array]:
-        """Tree forward (see the module docstring); lazy, fixed shapes, no host reads.
-
-        Returns ``logits (B, T, V)`` float32, ``hidden (B, T, H)`` and the updated ``kv``.
-        """
-        hidden, kv = self._body(tokens, positions, tree_mask, cache_len, kv)
-        return self._head(hidden), hidden, kv
-
-    forward = __call__
-
-    def prefill(self, tokens: mx.array, lengths: mx.array, kv: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """Run right-padded prompts ``tokens (B, T)`` of ``lengths (B,)`` into slots 0..T-1 of ``kv``.
-
-        Returns ``logits (B, V)`` float32 and ``hidden (B, H)`` at each row's last prompt token, and
-        the cache. Only the last positions go through the LM head.
-        """
-        B, T = tokens.shape
-        positions = mx.broadcast_to(mx.arange(T)[None, :], (B, T))
-        cache_len = mx.zeros((B,), dtype=mx.int32)
-        hidden, kv = self._body(tokens, positions, causal_tree_mask(B, T), cache_len, kv)
-        last = (lengths.astype(mx.int32) - 1)[:, None, None]
-        hidden = mx.take_along_axis(hidden, mx.broadcast_to(last, (B, 1, hidden.shape[2])), axis=1)[:, 0]
-        return self._head(hidden), hidden, kv
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, dtype: mx.Dtype = mx.float32) -> LlamaTarget:

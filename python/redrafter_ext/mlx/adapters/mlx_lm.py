@@ -51,7 +51,7 @@ import mlx.nn as nn
 
 from ...config import ConfigSizes
 from .._checks import FLOAT_DTYPES, INT_DTYPES, check_array
-from ..models import causal_tree_mask, tree_visibility
+from ..models import TreeForward, tree_visibility
 
 __all__ = ["MLXLMTarget", "TokenRoPE", "TreeKVCache", "supported_model_types"]
 
@@ -132,7 +132,7 @@ class TreeKVCache:
         return self.keys.nbytes + self.values.nbytes
 
 
-class MLXLMTarget(ConfigSizes):
+class MLXLMTarget(ConfigSizes, TreeForward):
     """MLX target protocol (``redrafter_ext.mlx.models``) over an unchanged mlx-lm Llama ``Model``.
 
     ``config`` is the model's ``ModelArgs`` (``vocab_size``, ``hidden_size``,
@@ -225,8 +225,10 @@ class MLXLMTarget(ConfigSizes):
         return mx.zeros(shape, dtype=dtype or self.dtype)
 
     def _check(self, op: str, tokens: mx.array, positions: mx.array, tree_mask: mx.array, cache_len: mx.array,
-               kv: mx.array) -> None:
+               kv: mx.array, lengths: mx.array | None = None) -> None:
         """Metadata checks (types, shapes, dtypes; no values are read)."""
+        if lengths is not None:
+            check_array(op, "lengths", lengths, "B", INT_DTYPES)
         check_array(op, "tokens", tokens, "B, T", INT_DTYPES)
         B, T = tokens.shape
         check_array(op, "positions", positions, "B, T", INT_DTYPES)
@@ -270,38 +272,6 @@ class MLXLMTarget(ConfigSizes):
         else:
             logits = m.lm_head(hidden)
         return logits.astype(mx.float32)
-
-    def __call__(self, tokens: mx.array, positions: mx.array, tree_mask: mx.array, cache_len: mx.array,
-                 kv: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """Tree forward (protocol of ``redrafter_ext.mlx.models``); lazy, fixed shapes, no host reads.
-
-        tokens, positions ``(B, T)`` int; tree_mask ``(B, T, T)`` bool; cache_len ``(B,)`` int;
-        kv ``(n_layers, 2, B, H_kv, S, D)`` in the model dtype. Returns ``logits (B, T, V)``
-        float32, ``hidden (B, T, H)`` after the final norm, and the cache with token t's K/V at slot
-        ``cache_len[b] + t``.
-        """
-        self._check("MLXLMTarget.forward", tokens, positions, tree_mask, cache_len, kv)
-        hidden, kv = self._body(tokens, positions, tree_mask, cache_len, kv)
-        return self._head(hidden), hidden, kv
-
-    forward = __call__
-
-    def prefill(self, tokens: mx.array, lengths: mx.array, kv: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """Right-padded prompts ``tokens (B, T)`` of ``lengths (B,)`` into slots 0..T-1 of ``kv``.
-
-        Returns ``logits (B, V)`` float32 and ``hidden (B, H)`` at each row's last prompt token, and
-        the cache. Only the last positions go through the LM head.
-        """
-        B, T = tokens.shape
-        positions = mx.broadcast_to(mx.arange(T, dtype=mx.int32)[None, :], (B, T))
-        cache_len = mx.zeros((B,), dtype=mx.int32)
-        tree = causal_tree_mask(B, T)
-        self._check("MLXLMTarget.prefill", tokens, positions, tree, cache_len, kv)
-        check_array("MLXLMTarget.prefill", "lengths", lengths, "B", INT_DTYPES)
-        hidden, kv = self._body(tokens, positions, tree, cache_len, kv)
-        last = mx.clip(lengths.astype(mx.int32) - 1, 0, T - 1)[:, None, None]
-        hidden = mx.take_along_axis(hidden, mx.broadcast_to(last, (B, 1, hidden.shape[2])), axis=1)[:, 0]
-        return self._head(hidden), hidden, kv
 
 
 def _rope_overrides(config: dict) -> dict:
