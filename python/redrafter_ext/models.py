@@ -178,9 +178,10 @@ class PagedKV:
         return g.permute(2, 3, 0, 4, 1, 5).contiguous()
 
 
-# Rows up to which ``LlamaTarget`` multiplies by its packed weights (``skinny_linear``): measured
-# here (fp32, 1 thread) it beats MKL's GEMM over row- or column-major weights up to ~32 rows.
-SKINNY_MAX_ROWS = 32
+# Rows up to which ``LlamaTarget`` multiplies by its packed weights (``skinny_linear``), measured
+# (fp32, 1 thread, 576 x 1536) against MKL's GEMM: with AVX-512 it wins up to ~32 rows (Xeon, Zen 5);
+# with AVX2 (an 8-lane kernel) up to 4-8 rows, and loses 1.2x from 16 (Zen 1).
+SKINNY_MAX_ROWS = 32 if getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")().startswith("AVX512") else 8
 
 
 def _current(copy: tuple, w: Tensor) -> bool:
