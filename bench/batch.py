@@ -40,6 +40,7 @@ import torch
 
 import redrafter_ext as rx
 from redrafter_ext.demo import CHECKPOINTS, DEFAULT_MODEL, DTYPES, load_named, load_prompt_ids
+from redrafter_ext.drafter import auto_dtype
 from redrafter_ext.policy import SpeculationPolicy
 from redrafter_ext.profiling import choose_threads, cpu_name
 
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="batches 1 2 8, 8 prompts, 16 tokens, 1 run (smoke test)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the cores the load leaves free)")
     p.add_argument("--drafter-dtype", choices=sorted(DTYPES) + ["auto"], default="auto",
-                   help="auto (default, as the demo): the checkpoint's bf16 at B=1, float32 above")
+                   help="auto (default, as the demo): drafter.auto_dtype(B) for each batch size B")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default="batch", help="output file stem")
     a = p.parse_args(argv)
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
         else:
             ref = [ar([q], eos).tokens[0] for q in prompts]
     policy = SpeculationPolicy(menu=((1, 1), *configs))
-    ddt = "auto (bf16 at B=1, float32 above)" if a.drafter_dtype == "auto" else next(drafter.parameters()).dtype
+    ddt = "auto (drafter.auto_dtype per B)" if a.drafter_dtype == "auto" else next(drafter.parameters()).dtype
     mode = "greedy" if greedy else f"sampling T={a.temperature} seed={a.seed}"
     print(f"# {desc}; {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads; {mode}; static "
           f"{' '.join(f'{w}x{length}' for w, length in configs)} and the policy over them plus 1x1; drafter {ddt}; "
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
         writer.writeheader()
         for B in a.batches:
             if a.drafter_dtype == "auto":  # bf16 <-> float32 round trips are exact, so one load serves all B
-                drafter.to(torch.bfloat16 if B == 1 else torch.float32)
+                drafter.to(auto_dtype(B)).use_packed_weights()
             ddt_b = str(next(drafter.parameters()).dtype).removeprefix("torch.")
             work = prompts[: n_rows[B]]
             methods = {"ar": lambda rows_: ar(rows_, eos)}

@@ -31,6 +31,7 @@ import torch
 
 import redrafter_ext as rx
 from redrafter_ext.demo import DEFAULT_MODEL, DTYPES, load_named
+from redrafter_ext.drafter import auto_dtype
 from redrafter_ext.policy import SpeculationPolicy
 from redrafter_ext.profiling import STAGES, StageTimer, choose_threads, cpu_name
 
@@ -70,7 +71,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=4, help="held-out prompts per run (a multiple of the batch is used)")
     p.add_argument("--quick", action="store_true", help="a small grid, 2 runs (smoke test)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the cores the load leaves free)")
-    p.add_argument("--drafter-dtype", choices=sorted(DTYPES), default="checkpoint")
+    p.add_argument("--drafter-dtype", choices=sorted(DTYPES) + ["auto"], default="auto",
+                   help="auto: drafter.auto_dtype at the largest batch of the grid (one dtype for all)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="target dtype (greedy equality with AR is only promised in float32)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -90,7 +92,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(threads)
     if warning:
         print(f"# WARNING: {warning}", file=sys.stderr)
-    target, drafter, text, desc = load_named(a.model, a.drafter, DTYPES[a.drafter_dtype])
+    ddtype = auto_dtype(max(a.batches)) if a.drafter_dtype == "auto" else DTYPES[a.drafter_dtype]
+    target, drafter, text, desc = load_named(a.model, a.drafter, ddtype)
     if a.dtype == "bfloat16":
         target = target.to(torch.bfloat16)
     eos = target.config.eos_token_id
@@ -98,7 +101,7 @@ def main(argv=None) -> int:
     mode = "greedy" if greedy else f"sampling T={a.temperature} top_k={a.top_k} top_p={a.top_p} seed={a.seed}"
     print(f"# {desc}; {cpu_name()}; target {a.dtype}; torch {torch.__version__}, {threads} threads, load "
           f"{os.getloadavg()[0]:.2f} at start; {a.runs} interleaved runs per method, spread = min..max; "
-          f"{a.max_new_tokens} new tokens per prompt; {mode}")
+          f"{a.max_new_tokens} new tokens per prompt; drafter {next(drafter.parameters()).dtype}; {mode}")
     print(" | ".join(HEADER))
     rows = []
     # rows are written as they come, so a long grid that is interrupted keeps what it measured

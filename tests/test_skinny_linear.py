@@ -13,7 +13,7 @@ from cases import gen
 import redrafter_ext as rx
 import redrafter_ext.ops as ops
 from redrafter_ext import reference as ref
-from redrafter_ext.models import SKINNY_MAX_ROWS
+from redrafter_ext.few_rows import SKINNY_MAX_ROWS
 
 
 def _inputs(M, N, K, bias, seed):
@@ -200,3 +200,43 @@ def test_target_packed_not_used_where_gradients_are_asked_for(monkeypatch):
     with torch.no_grad():
         t(*_args(1, 3), t.new_kv_cache(1, 3))
     assert calls
+
+
+@pytest.mark.parametrize("B,W,L", [(1, 1, 4), (1, 4, 5), (3, 2, 3), (7, 3, 2)])
+def test_drafter_packed_same_beams(B, W, L):
+    """A drafter over packed float32 weights drafts what it does over F.linear (its logits agree to
+    float32 rounding; beams equal where no two candidates tie that closely, as with these seeds)."""
+    torch.manual_seed(0)
+    d = rx.Drafter(rx.DrafterConfig(40, 111, 2, draft_vocab_size=97)).eval()
+    d.set_vocab_map(torch.randperm(111)[:97])
+    g = gen(3)
+    hidden, token, embed = torch.randn(B, 40, generator=g), torch.randint(0, 111, (B,), generator=g), torch.randn(111, 40, generator=g)
+    state = torch.randn(B, W, 40, generator=g)
+    with torch.no_grad():
+        want_logits = d.logits(hidden[:, None], state)
+        want = d.beam_search(hidden, token, embed, W, L, ops)
+        d.use_packed_weights()
+        torch.testing.assert_close(d.logits(hidden[:, None], state), want_logits, atol=1e-5, rtol=1e-5)
+        assert torch.equal(d.beam_search(hidden, token, embed, W, L, ops), want)
+
+
+def test_drafter_packed_used_then_stale(monkeypatch):
+    d = rx.Drafter(rx.DrafterConfig(40, 111, 1)).eval().use_packed_weights()
+    calls = []
+    real = torch.ops.redrafter.skinny_linear
+    monkeypatch.setattr(torch.ops.redrafter, "skinny_linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    hidden, token, embed = torch.randn(2, 40), torch.tensor([1, 2]), torch.randn(111, 40)
+    with torch.no_grad():
+        d.beam_search(hidden, token, embed, 3, 3, ops)
+        assert set(calls) == {2, 6}  # the first step on beam 0 (B rows), then B*W rows
+        calls.clear()
+        d.to(torch.bfloat16)  # the float32 copies are stale: F.linear in bf16
+        assert d.beam_search(hidden, token, embed, 3, 3, ops).shape == (2, 3, 3) and calls == []
+
+
+def test_auto_drafter_dtype():
+    from redrafter_ext.drafter import auto_dtype
+
+    assert auto_dtype(2) == auto_dtype(32) == torch.float32  # compute-bound above one row
+    assert auto_dtype(1) == torch.bfloat16  # one row: the head's GEMV is bound by its bytes
+    assert auto_dtype(1, "meta") is None  # off the CPU: the checkpoint's

@@ -29,7 +29,7 @@ from . import reference
 from ._generate_common import policy_arg
 from .corpus import load_prompts
 from .decode import autoregressive_generate, generate
-from .drafter import Drafter, DrafterConfig
+from .drafter import Drafter, DrafterConfig, auto_dtype
 from .hub import CHECKPOINTS, load_model, model_folder
 from .models import LlamaConfig, LlamaTarget
 from .profiling import STAGES, StageTimer, choose_threads, load_and_threads
@@ -51,8 +51,7 @@ def load_models(folder: Path, random_weights: bool, drafter_dtype: torch.dtype |
     tdir, ddir = folder / "target", folder / "drafter"
     if not random_weights and (tdir / "config.json").is_file() and (ddir / "drafter_config.json").is_file():
         target = LlamaTarget.from_pretrained(tdir, dtype=torch.float32).use_packed_weights()
-        # the drafter runs at small M (W rows), where reading bf16 weights beats float32 compute
-        drafter = Drafter.from_pretrained(ddir, dtype=drafter_dtype)
+        drafter = Drafter.from_pretrained(ddir, dtype=drafter_dtype).use_packed_weights()
         tok = None
         if (tdir / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
@@ -115,7 +114,7 @@ def load_named(model: str, drafter: str | None = None, drafter_dtype: torch.dtyp
     if model == "tiny" or random_weights:
         target, d, tok, desc = load_models(CHECKPOINTS, random_weights, drafter_dtype)
         if drafter is not None:
-            d = Drafter.from_pretrained(drafter, dtype=drafter_dtype)
+            d = Drafter.from_pretrained(drafter, dtype=drafter_dtype).use_packed_weights()
         return target, d, Text(tok, "tokenizers" if tok is not None else "none", target.vocab_size), desc
     target, d, tok = load_model(model, drafter=drafter, drafter_dtype=drafter_dtype)
     kind = "none" if tok is None else ("chat" if getattr(tok, "chat_template", None) else "hf")
@@ -169,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0: the cores the load average leaves free)")
     p.add_argument("--drafter-dtype", choices=sorted(DTYPES) + ["auto"], default="auto",
-                   help="drafter compute dtype; auto: the checkpoint's bf16 at batch 1, float32 above")
+                   help="drafter compute dtype; auto: the checkpoint's bf16 at batch 1, float32 (packed weights) above")
     p.add_argument("--show-chars", type=int, default=240, help="characters of each prompt and response shown")
     p.add_argument("--temperature", "-T", type=float, default=0.0, help="0: greedy; > 0: sampling")
     p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0: all)")
@@ -186,11 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[demo] warning: {warning}", file=sys.stderr)
     ops = native_ops if a.ops == "native" else reference
 
-    # measured on this project's CPU: bf16 halves the drafter's time at batch 1 (small M: weight
-    # reads dominate) but costs ~4x at batch 32 (compute dominates); bench/results_ref
-    dname = a.drafter_dtype if a.drafter_dtype != "auto" else ("checkpoint" if a.batch_size == 1 else "float32")
+    ddtype = auto_dtype(a.batch_size) if a.drafter_dtype == "auto" else DTYPES[a.drafter_dtype]
     try:
-        target, drafter, text, desc = load_named(a.model, a.drafter, DTYPES[dname], a.random_weights)
+        target, drafter, text, desc = load_named(a.model, a.drafter, ddtype, a.random_weights)
     except (FileNotFoundError, ValueError, PermissionError) as e:
         print(f"[demo] error: {e}", file=sys.stderr)
         return 2

@@ -174,7 +174,7 @@ def load_model(
     *,
     drafter: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
-    drafter_dtype: torch.dtype | None = None,
+    drafter_dtype: torch.dtype | str | None = "auto",
     device: str | torch.device = "cpu",
 ):
     """``(target, drafter, tokenizer)`` ready for ``generate``.
@@ -183,12 +183,13 @@ def load_model(
         name_or_folder: ``"smollm2-135m-instruct"`` (default), ``"tiny"``, or a Hugging Face Llama folder.
         drafter: drafter folder (default: the shipped one, or ``FOLDER/drafter``).
         dtype: the target's dtype (greedy equality with AR is exact in float32).
-        drafter_dtype: the drafter's (default: the checkpoint's, bf16).
+        drafter_dtype: the drafter's: ``"auto"`` (``drafter.auto_dtype`` at batch 1: bf16 on the
+            CPU), None (the checkpoint's, bf16) or a dtype; float32 CPU weights are packed.
 
     Returns:
         ``LlamaTarget``, ``Drafter``, ``transformers.PreTrainedTokenizerFast`` (or None).
     """
-    from .drafter import Drafter
+    from .drafter import Drafter, auto_dtype
     from .models import LlamaTarget
 
     folder = model_folder(name_or_folder)
@@ -201,7 +202,9 @@ def load_model(
     # few-row forwards (decode steps, tree verifies) on packed weights, more rows (prefill, large
     # batches) on column-major copies: see the two methods
     target = LlamaTarget.from_pretrained(folder, dtype=dtype, device=device).use_packed_weights().use_column_major_copies()
-    d = Drafter.from_pretrained(dfolder, dtype=drafter_dtype, device=device)
+    if drafter_dtype == "auto":
+        drafter_dtype = auto_dtype(1, device)
+    d = Drafter.from_pretrained(dfolder, dtype=drafter_dtype, device=device).use_packed_weights()
     if d.config.hidden_size != target.hidden_size:
         raise ValueError(f"load_model: drafter hidden size {d.config.hidden_size} != target's {target.hidden_size}")
     return target, d, load_tokenizer(folder)

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ConfigSizes, LlamaConfig, read_checkpoint
+from .few_rows import column_major_copies, linear, pack_weights
 
 __all__ = ["LlamaConfig", "LlamaTarget", "PagedKV", "causal_tree_mask", "tree_visibility"]
 
@@ -178,18 +179,6 @@ class PagedKV:
         return g.permute(2, 3, 0, 4, 1, 5).contiguous()
 
 
-# Rows up to which ``LlamaTarget`` multiplies by its packed weights (``skinny_linear``), measured
-# (fp32, 1 thread, 576 x 1536) against MKL's GEMM: with AVX-512 it wins up to ~32 rows (Xeon, Zen 5);
-# with AVX2 (an 8-lane kernel) up to 4-8 rows, and loses 1.2x from 16 (Zen 1).
-SKINNY_MAX_ROWS = 32 if getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")().startswith("AVX512") else 8
-
-
-def _current(copy: tuple, w: Tensor) -> bool:
-    """Whether a weight copy ``(copy, source, version)`` still mirrors ``w``. The copy holds its
-    source's tensor, so the storage cannot be freed and its address reused by a later ``.to()``."""
-    return copy[1].data_ptr() == w.data_ptr() and copy[2] == w._version
-
-
 class LlamaTarget(ConfigSizes, nn.Module):
     """Llama causal LM with an explicit, caller-owned KV cache and tree attention."""
 
@@ -211,60 +200,21 @@ class LlamaTarget(ConfigSizes, nn.Module):
 
     # -- small-batch layouts ---------------------------------------------------------------------
     def use_packed_weights(self, enabled: bool = True) -> LlamaTarget:
-        """Keep a packed copy of every layer weight and the LM head for forwards of few rows (CPU).
-
-        A decode step multiplies 1 row by each weight, a tree verify N (= 1 + W*(L-1)) rows, a
-        batch B*N: with up to ``SKINNY_MAX_ROWS`` rows the native ``skinny_linear`` streams the
-        packed weight once (measured here, fp32, 1 thread, 1536 x 576: 4 rows cost 1.1x one row,
-        against 1.8x for MKL's GEMM; one row as fast as its GEMV). It also sums each output in a
-        fixed order, so a verify's linears match a one-token step's bit for bit. Float32 on the CPU
-        only (elsewhere, or without the native module, ``F.linear`` runs); the copies take the
-        weights' memory again, go stale (and are ignored) after ``.to()`` or an in-place weight
-        update: call again to refresh.
-        """
-        try:
-            from .ops import skinny_linear, skinny_pack  # noqa: F401  (skinny_linear: the native kernel is there)
-        except ImportError:  # no native module: F.linear everywhere
-            enabled = False
-        for m in self._linears():
-            w = m.weight.detach()
-            ok = enabled and w.device.type == "cpu" and w.dtype == torch.float32
-            m._packed = (skinny_pack(w), w, w._version) if ok else None
+        """Keep a packed copy of every layer weight and the LM head for forwards of few rows
+        (float32, CPU; ``few_rows.pack_weights``). Call again after ``.to()`` to refresh."""
+        pack_weights(self._linears(), enabled)
         return self
 
     def use_column_major_copies(self, enabled: bool = True) -> LlamaTarget:
         """Keep a column-major copy of every layer weight for forwards of more rows than the packed
-        copies serve (``use_packed_weights``), e.g. a tree verify of a large batch.
-
-        Measured on this project's CPU (fp32, MKL, 1 thread, 576 x 1536 weights): ``F.linear`` of
-        48 rows over row-major weights costs 1.6x the same over column-major ones (the GEMM packs
-        a row-major weight each call). Copies go stale (and are ignored) after ``.to()`` or an
-        in-place weight update; call again to refresh.
-        """
-        for m in self._linears():
-            w = m.weight.detach()
-            m._colmajor = (w.t().contiguous().t(), w, w._version) if enabled else None
+        copies serve, e.g. a tree verify of a large batch (``few_rows.column_major_copies``)."""
+        column_major_copies(self._linears(), enabled)
         return self
 
     def _linears(self) -> list[nn.Module]:
         mods = [m for layer in self.layers for m in layer.children() if isinstance(m, nn.Linear)]
         mods.append(self.embed_tokens if self.lm_head is None else self.lm_head)  # the LM head
         return mods
-
-    @staticmethod
-    def _linear(x: Tensor, m: nn.Module) -> Tensor:
-        w, bias = m.weight, getattr(m, "bias", None)
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        # the native op has no backward: only where no gradient is asked for
-        if rows <= SKINNY_MAX_ROWS and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
-            p = getattr(m, "_packed", None)
-            if p is not None and _current(p, w) and x.dtype == torch.float32:
-                y = torch.ops.redrafter.skinny_linear(x.reshape(rows, x.shape[-1]), p[0], w.shape[0], bias)
-                return y.view(*x.shape[:-1], w.shape[0])
-        c = getattr(m, "_colmajor", None)
-        if rows > 1 and c is not None and _current(c, w) and c[0].dtype == w.dtype:
-            return F.linear(x, c[0], bias)
-        return F.linear(x, w, bias)
 
     def new_kv_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> Tensor:
         """Zeroed cache ``(n_layers, 2, batch, n_kv_heads, max_len, head_dim)``."""
@@ -338,7 +288,7 @@ class LlamaTarget(ConfigSizes, nn.Module):
         else:
             slots = new_slots[:, None, :, None].expand(B, Hkv, T, D)
 
-        lin = self._linear
+        lin = linear
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.input_layernorm, c.rms_norm_eps)
             q = lin(h, layer.q_proj).view(B, T, Hq, D).transpose(1, 2)
@@ -366,7 +316,7 @@ class LlamaTarget(ConfigSizes, nn.Module):
 
         hidden = _rms_norm(x, self.norm, c.rms_norm_eps)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = self._linear(hidden, head)
+        logits = linear(hidden, head)
         return logits.float(), hidden
 
     def prefill(self, tokens: Tensor, lengths: Tensor, kv: Tensor) -> tuple[Tensor, Tensor]:
