@@ -40,7 +40,6 @@ import torch
 
 import redrafter_ext as rx
 from redrafter_ext.demo import CHECKPOINTS, DEFAULT_MODEL, DTYPES, load_named, load_prompt_ids
-from redrafter_ext.drafter import auto_dtype
 from redrafter_ext.policy import SpeculationPolicy
 from redrafter_ext.profiling import choose_threads, cpu_name
 
@@ -198,8 +197,8 @@ def main(argv=None) -> int:
         writer = csv.DictWriter(f, fieldnames=HEADER)
         writer.writeheader()
         for B in a.batches:
-            if a.drafter_dtype == "auto":  # bf16 <-> float32 round trips are exact, so one load serves all B
-                drafter.to(auto_dtype(B)).use_packed_weights()
+            if a.drafter_dtype == "auto":
+                drafter.to_auto_dtype(B)
             ddt_b = str(next(drafter.parameters()).dtype).removeprefix("torch.")
             work = prompts[: n_rows[B]]
             methods = {"ar": lambda rows_: ar(rows_, eos)}

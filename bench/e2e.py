@@ -31,7 +31,6 @@ import torch
 
 import redrafter_ext as rx
 from redrafter_ext.demo import DEFAULT_MODEL, DTYPES, load_named
-from redrafter_ext.drafter import auto_dtype
 from redrafter_ext.policy import SpeculationPolicy
 from redrafter_ext.profiling import STAGES, StageTimer, choose_threads, cpu_name
 
@@ -72,7 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a small grid, 2 runs (smoke test)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the cores the load leaves free)")
     p.add_argument("--drafter-dtype", choices=sorted(DTYPES) + ["auto"], default="auto",
-                   help="auto: drafter.auto_dtype at the largest batch of the grid (one dtype for all)")
+                   help="auto: drafter.auto_dtype(B) for each batch size B")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="target dtype (greedy equality with AR is only promised in float32)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -92,16 +91,16 @@ def main(argv=None) -> int:
     torch.set_num_threads(threads)
     if warning:
         print(f"# WARNING: {warning}", file=sys.stderr)
-    ddtype = auto_dtype(max(a.batches)) if a.drafter_dtype == "auto" else DTYPES[a.drafter_dtype]
-    target, drafter, text, desc = load_named(a.model, a.drafter, ddtype)
+    target, drafter, text, desc = load_named(a.model, a.drafter, DTYPES.get(a.drafter_dtype))
     if a.dtype == "bfloat16":
         target = target.to(torch.bfloat16)
     eos = target.config.eos_token_id
     a.out.mkdir(parents=True, exist_ok=True)
     mode = "greedy" if greedy else f"sampling T={a.temperature} top_k={a.top_k} top_p={a.top_p} seed={a.seed}"
+    ddt = "auto (drafter.auto_dtype per B)" if a.drafter_dtype == "auto" else next(drafter.parameters()).dtype
     print(f"# {desc}; {cpu_name()}; target {a.dtype}; torch {torch.__version__}, {threads} threads, load "
           f"{os.getloadavg()[0]:.2f} at start; {a.runs} interleaved runs per method, spread = min..max; "
-          f"{a.max_new_tokens} new tokens per prompt; drafter {next(drafter.parameters()).dtype}; {mode}")
+          f"{a.max_new_tokens} new tokens per prompt; drafter {ddt}; {mode}")
     print(" | ".join(HEADER))
     rows = []
     # rows are written as they come, so a long grid that is interrupted keeps what it measured
@@ -111,6 +110,8 @@ def main(argv=None) -> int:
     # one policy for the whole run, as an engine keeps one: it calibrates once per row bucket
     policy = None if a.no_policy else SpeculationPolicy()
     for B in a.batches:
+        if a.drafter_dtype == "auto":
+            drafter.to_auto_dtype(B)
         prompts = [ids for _, ids in text.heldout(max(a.prompts, B) // B * B)]
         batches = [prompts[i : i + B] for i in range(0, len(prompts), B)]
         rx.autoregressive_generate(target, batches[0], 4, eos_id=eos, **sampling)  # warm-up

@@ -145,6 +145,12 @@ class Drafter(nn.Module):
         pack_weights([self.rnn_w, self.rnn_u, *self.blocks, self.lm_head], enabled)
         return self
 
+    def to_auto_dtype(self, batch: int) -> Drafter:
+        """Move to ``auto_dtype(batch)`` (kept where it says None) and pack float32 weights: bf16
+        <-> float32 round trips of a bf16 checkpoint are exact, so one load serves every batch."""
+        dtype = auto_dtype(batch, self.lm_head.weight.device)
+        return (self.to(dtype) if dtype is not None else self).use_packed_weights()
+
     def to_real_ids(self, draft_ids: Tensor) -> Tensor:
         """Map draft indices (any shape) to real token ids (identity for a full-vocabulary head)."""
         if self.vocab_map is None:
