@@ -219,3 +219,55 @@ def test_evaluate_compares_drafters_on_a_shard_yardstick(shards):
     assert len(r["agreement_per_step"]) == 3 and 1.0 <= r["tokens_per_step_2x4"] <= 4.0
     with pytest.raises(ValueError, match="WxL"):
         kd.evaluate_drafters([d], TINY, [str(shards / "heldout")], K=3, shapes="4")
+
+
+def test_teacher_layers_and_a_multi_layer_drafter_fine_tuned_from_a_plain_one(shards, tmp_path):
+    """``teacher --layers`` keeps those decoder layers' outputs; ``kd --feature-layers`` starting from
+    a drafter that reads only the final-norm state begins as exactly that drafter."""
+    from transformers import LlamaForCausalLM
+
+    from redrafter_ext.drafter import Drafter
+
+    items = _items(16, 1)
+    cfg = dict(target=TINY, source="test", shard_tokens=60, batch_tokens=128, bf16=False, threads=1)
+    feat = teacher.write_shards(teacher.TeacherConfig(out=str(tmp_path / "L"), layers="2,4", **cfg), items)
+    held = teacher.write_shards(teacher.TeacherConfig(out=str(tmp_path / "LH"), layers="2,4", **cfg), _items(6, 2))
+    s = teacher.Shards(feat, K=3)
+    p0 = s.parts[0]
+    H = p0["hidden"].shape[1]
+    assert p0["layers"] == [2, 4] and p0["extra"].shape == (len(p0["tokens"]), 2 * H)
+    plain = teacher.Shards(shards / "train", K=3).parts[0]
+    assert torch.equal(plain["tokens"], p0["tokens"]) and torch.equal(plain["hidden"], p0["hidden"])
+    # the extra columns are the outputs of decoder layers 2 and 4 (HF's hidden_states[2], [4])
+    model = LlamaForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
+    ids, spans = items[0]
+    with torch.no_grad():
+        hs = model.model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+    st, e = spans[0]
+    want = torch.cat([hs[2][0], hs[4][0]], -1)[st - 1 : e - 1]
+    got = p0["extra"][: e - st].float()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-3)
+    with pytest.raises(ValueError, match="decoder layers"):
+        teacher.parse_layers("4,2", 6)
+    with pytest.raises(ValueError, match="decoder layers"):
+        teacher.parse_layers("6", 6)  # the last layer's output is the final-norm state already
+
+    base = _kd(shards, "plain", stop_at=2)
+    assert base["steps"] == 2
+    # a multi-layer run refuses shards without the layers, and starts as the plain drafter
+    with pytest.raises(ValueError, match="feature-layers"):
+        _kd(shards, "fl-bad", init=str(shards / "plain"), feature_layers="2,4", max_steps=1)
+    r = _kd(shards, "fl", data=str(feat), heldout=str(held), init=str(shards / "plain"), feature_layers="2,4",
+            max_steps=1, lr=0.0)
+    assert r["steps"] == 1
+    a = Drafter.from_pretrained(shards / "plain" / "drafter", dtype=torch.float32)
+    b = Drafter.from_pretrained(shards / "fl" / "drafter", dtype=torch.float32)
+    assert b.config.feature_layers == [2, 4] and b.config.feature_size == 3 * H
+    x = torch.cat([p0["hidden"][:5].float(), p0["extra"][:5].float()], -1)
+    emb = torch.randn(5, 3, H)
+    torch.testing.assert_close(b.unroll(x, emb), a.unroll(x[:, :H], emb))
+    with pytest.raises(ValueError, match="features of width"):
+        b.unroll(x[:, :H], emb)
+    # the hand-written-style yardstick path: evaluate reads each drafter's layers
+    res = kd.evaluate_drafters([str(shards / "fl" / "drafter")], TINY, [str(held)], K=3, positions=16, shapes="1x3")
+    assert res[str(held)][str(shards / "fl" / "drafter")]["positions"] == 16

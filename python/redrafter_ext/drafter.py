@@ -4,6 +4,11 @@
     x   = concat(h, s_t);  x = x + SiLU(Linear(x))  (num_layers times)
     logits = Linear(2H, V_d)(x)
 
+With ``feature_layers`` (e.g. [10, 20]) the target also hands over those decoder layers' outputs,
+and h is fused from all of them once per draft: ``h = Linear((1+n)H, H)(concat(h_final,
+rms(h_10), rms(h_20)))`` (EAGLE-3 fuses low, middle and high layers the same way); ``features``
+below is then ``(..., (1+n)H)``, the final-norm state first.
+
 Beam search runs L-1 such steps for W beams, each followed by the fused ``beam_topk`` op.
 
 The head may cover only a subset of the target's vocabulary (``draft_vocab_size`` V_d < V, e.g. the
@@ -41,6 +46,12 @@ class DrafterConfig:
     vocab_size: int  # V: the target's vocabulary
     num_layers: int = 2  # residual blocks on concat(h, s)
     draft_vocab_size: int | None = None  # V_d: tokens the head scores (None: all V, no vocab_map)
+    feature_layers: list[int] | None = None  # target decoder layers (1-based) fused with its final-norm state
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the conditioning the target hands over: H, or (1 + len(feature_layers)) * H."""
+        return self.hidden_size * (1 + len(self.feature_layers or ()))
 
     @property
     def head_size(self) -> int:
@@ -117,6 +128,12 @@ class Drafter(nn.Module):
         self.rnn_u = nn.Linear(H, H, bias=True)
         self.blocks = nn.ModuleList(nn.Linear(2 * H, 2 * H) for _ in range(config.num_layers))
         self.lm_head = nn.Linear(2 * H, config.head_size, bias=False)
+        # fuses the final-norm state with other layers' outputs; starts as "the final-norm state only"
+        self.fuse = nn.Linear(config.feature_size, H, bias=False) if config.feature_layers else None
+        if self.fuse is not None:
+            with torch.no_grad():
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, :H] = torch.eye(H)
         self.vocab_map: Tensor | None
         if config.draft_vocab_size is not None:
             if not 0 < config.draft_vocab_size <= config.vocab_size:
@@ -142,7 +159,7 @@ class Drafter(nn.Module):
         """Keep packed copies of every weight for beam steps of few rows (float32, CPU;
         ``few_rows.pack_weights``): B*W rows against the 8192 x 1152 head cost about half of
         MKL's GEMM at 4 rows. Call again after ``.to()`` or training to refresh."""
-        pack_weights([self.rnn_w, self.rnn_u, *self.blocks, self.lm_head], enabled)
+        pack_weights([self.rnn_w, self.rnn_u, *self.blocks, self.lm_head, *([self.fuse] if self.fuse else [])], enabled)
         return self
 
     def to_auto_dtype(self, batch: int) -> Drafter:
@@ -156,6 +173,20 @@ class Drafter(nn.Module):
         if self.vocab_map is None:
             return draft_ids
         return self.vocab_map.to(draft_ids.device)[draft_ids.to(torch.int64)].to(draft_ids.dtype)
+
+    def condition(self, features: Tensor) -> Tensor:
+        """``features (..., feature_size)`` -> the drafter's conditioning ``(..., H)``: the final-norm
+        state itself, or its fusion with the other layers' outputs, each RMS-normalised first (the
+        residual stream's scale grows with depth and varies by token)."""
+        if self.fuse is None:
+            return features
+        H = self.config.hidden_size
+        if features.shape[-1] != self.config.feature_size:
+            raise ValueError(f"Drafter: features of width {features.shape[-1]}, expected {self.config.feature_size} "
+                             f"(the final-norm state and layers {self.config.feature_layers})")
+        x = features[..., H:].unflatten(-1, (-1, H))
+        x = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+        return linear(torch.cat([features[..., :H], x.flatten(-2)], dim=-1), self.fuse)
 
     def rnn_step(self, emb: Tensor, state: Tensor) -> Tensor:
         """``emb (..., H)`` embedding of the previous token, ``state (..., H)`` -> new state."""
@@ -172,12 +203,13 @@ class Drafter(nn.Module):
         """Teacher-forced unroll for training.
 
         Args:
-            hidden: ``(..., H)`` target hidden state at position t (it predicted token t+1).
+            hidden: ``(..., feature_size)`` target features at position t (they predicted token t+1).
             embeds: ``(..., K, H)`` target embeddings of tokens t+1..t+K.
 
         Returns:
             logits ``(..., K, V)``: step k predicts token t+k+1.
         """
+        hidden = self.condition(hidden)
         state = torch.zeros_like(embeds[..., 0, :])
         out = []
         for k in range(embeds.shape[-2]):
@@ -198,16 +230,18 @@ class Drafter(nn.Module):
         """Draft W beams of L tokens from the target's last hidden state.
 
         Args:
-            hidden: ``(B, H)`` target hidden state (after its final norm) at the last committed token.
+            hidden: ``(B, feature_size)`` target features at the last committed token: its hidden
+                state after the final norm (and ``feature_layers``' outputs after it).
             token: ``(B,)`` int, the guaranteed next token.
             embed_weight: ``(V, H)`` the target's input embedding table.
 
         Returns:
             ``beams (B, W, L)`` int32, ``beams[:, :, 0] == token``.
         """
-        B, H = hidden.shape
+        B = hidden.shape[0]
+        H = self.config.hidden_size
         dtype = self.lm_head.weight.dtype
-        h = hidden.to(dtype)[:, None, :]  # [B, 1, H]
+        h = self.condition(hidden.to(dtype))[:, None, :]  # [B, 1, H]
 
         vmap = self.vocab_map
         calls = [0]

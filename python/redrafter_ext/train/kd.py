@@ -41,13 +41,13 @@ from tqdm.auto import tqdm
 
 from ..drafter import Drafter, DrafterConfig
 from .common import load_target, save_drafter, start_job, tied_embedding
-from .teacher import Shards
+from .teacher import Shards, parse_layers
 
 __all__ = ["KDConfig", "kd_loss", "HeldOut", "heldout_set", "evaluate_drafters", "train_kd", "add_args",
            "config_from_args", "add_eval_args"]
 
 # fields a resumed run must share with its checkpoint (the model's shape and the data's meaning)
-_STRUCTURAL = ("target", "K", "num_layers", "draft_vocab")
+_STRUCTURAL = ("target", "K", "num_layers", "draft_vocab", "feature_layers")
 
 
 @dataclass
@@ -74,6 +74,7 @@ class KDConfig:
     teacher_temperature: float = 0.25
     teacher_topk: int = 50
     head_init: str = "random"  # random | embedding (the h half of the head from the target's embedding rows)
+    feature_layers: str | None = None  # e.g. "10,20": condition on those decoder layers too (shards made with --layers)
     bf16: bool = True
     threads: int | None = None
     seed: int = 0
@@ -113,8 +114,9 @@ class _Mixture:
     """Weighted random windows from groups of shard folders (``A+B:w``: one group, its shards drawn in
     proportion to their positions); the sampler's state is checkpointed by the caller."""
 
-    def __init__(self, spec: str, K: int) -> None:
+    def __init__(self, spec: str, K: int, layers: list[int] = ()) -> None:
         self.sources: list[tuple[list[Shards], float]] = []
+        self.layers = list(layers)
         for item in spec.split(","):
             if not item:
                 continue
@@ -128,16 +130,29 @@ class _Mixture:
         if not self.sources:
             raise ValueError("kd: --data names no shard folder")
         self.K = K
+        self._check()
+
+    def _check(self) -> None:
+        for g, _ in self.sources:
+            for s in g:
+                for p in s.parts:
+                    if self.layers and p.get("layers") != self.layers:
+                        raise ValueError(f"kd --feature-layers {self.layers}: the shards of {s.folder} hold layers "
+                                         f"{p.get('layers')} (make them with `teacher --layers "
+                                         f"{','.join(map(str, self.layers))}`)")
 
     def refresh(self) -> int:
-        return sum(s.refresh() for g, _ in self.sources for s in g)
+        n = sum(s.refresh() for g, _ in self.sources for s in g)
+        self._check()
+        return n
 
     def describe(self) -> str:
         return "; ".join(" + ".join(f"{s.folder.name}: {len(s.parts)} shards, {s.positions:,} positions" for s in g)
                          + f" (w {w:g})" for g, w in self.sources)
 
     def sample(self, n: int, gen: torch.Generator, embed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(h (n, H), emb (n, K, H), th (n, K, H))`` float32 of n random windows."""
+        """``(h (n, F), emb (n, K, H), th (n, K, H))`` float32 of n random windows: h the features at t
+        (F = H, or H + the extra layers' outputs), th the final-norm states at t+1..t+K."""
         live = [([p for s in g for p in s.parts if len(p["starts"])], w) for g, w in self.sources]
         live = [(parts, w) for parts, w in live if parts]
         if not live:
@@ -158,7 +173,7 @@ class _Mixture:
                 st = part["starts"][torch.randint(len(part["starts"]), (m,), generator=gen)]
                 idx = st[:, None] + torch.arange(K + 1)[None, :]
                 rows = part["hidden"][idx].float()  # [m, K+1, H]
-                hs.append(rows[:, 0])
+                hs.append(torch.cat([rows[:, 0], part["extra"][st].float()], -1) if self.layers else rows[:, 0])
                 ths.append(rows[:, 1:])
                 es.append(F.embedding(part["tokens"][idx[:, :K]].long(), embed))
         return torch.cat(hs), torch.cat(es), torch.cat(ths)
@@ -169,19 +184,23 @@ class _Mixture:
         for i in range(0, n, 4096):
             h, _, _ = self.sample(min(4096, n - i), gen, embed)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                counts += torch.bincount((h @ embed.T).argmax(-1), minlength=embed.shape[0])
+                counts += torch.bincount((h[:, : embed.shape[1]] @ embed.T).argmax(-1), minlength=embed.shape[0])
         return counts
 
 
 class HeldOut:
-    """The held-out yardstick: windows of the target's greedy answers, the target's argmax cached."""
+    """The held-out yardstick: windows of the target's greedy answers, the target's argmax cached.
 
-    def __init__(self, tokens: Tensor, hidden: Tensor, starts: Tensor, K: int, embed: Tensor, positions: int) -> None:
+    ``hidden (T, H)`` final-norm states; ``extra (T, nH)`` the feature layers' outputs, or None."""
+
+    def __init__(self, tokens: Tensor, hidden: Tensor, starts: Tensor, K: int, embed: Tensor, positions: int,
+                 extra: Tensor | None = None) -> None:
         g = torch.Generator().manual_seed(1234)
         sel = starts[torch.randperm(len(starts), generator=g)[:positions]]
         idx = sel[:, None] + torch.arange(K + 1)[None, :]
         rows = hidden[idx].float()
         self.h, self.tok0 = rows[:, 0], tokens[sel].long()
+        self.extra = None if extra is None else extra[sel].float()
         self.emb = F.embedding(tokens[idx[:, :K]].long(), embed)
         self.truth = torch.cat([(rows[i : i + 512, 1:] @ embed.T).argmax(-1) for i in range(0, len(sel), 512)])
         self.answer = tokens[idx].long()  # tokens t+1 .. t+K+1 of the greedy answer
@@ -194,10 +213,16 @@ class HeldOut:
         was = drafter.training
         drafter.eval()
         K = self.emb.shape[1]
+        want = drafter.config.feature_size - drafter.config.hidden_size
+        have = 0 if self.extra is None else self.extra.shape[1]
+        if want and have != want:
+            raise ValueError(f"HeldOut: the drafter reads layers {drafter.config.feature_layers}, this yardstick "
+                             f"holds {have // drafter.config.hidden_size} extra layers")
+        feats = torch.cat([self.h, self.extra], -1) if want else self.h
         agree = torch.zeros(K)
         vmap = drafter.vocab_map
         for i in range(0, len(self.h), batch):
-            logits = drafter.unroll(self.h[i : i + batch].to(drafter.lm_head.weight.dtype),
+            logits = drafter.unroll(feats[i : i + batch].to(drafter.lm_head.weight.dtype),
                                     self.emb[i : i + batch].to(drafter.lm_head.weight.dtype)).float()
             pred = logits.argmax(-1) if vmap is None else vmap[logits.argmax(-1)]
             agree += (pred == self.truth[i : i + batch]).float().sum(0)
@@ -205,7 +230,7 @@ class HeldOut:
         for W, L in shapes:
             acc = []
             for i in range(0, len(self.h), batch):
-                b = drafter.beam_search(self.h[i : i + batch], self.tok0[i : i + batch], embed, W, L, ops)
+                b = drafter.beam_search(feats[i : i + batch], self.tok0[i : i + batch], embed, W, L, ops)
                 truth = self.answer[i : i + batch, 1:L]
                 match = (b[:, :, 1:].long() == truth[:, None, :]).int().cumprod(-1).sum(-1)
                 acc.append(1 + match.max(-1).values.float())
@@ -215,31 +240,53 @@ class HeldOut:
 
 
 def heldout_set(folder: str | Path, K: int, embed: Tensor, positions: int, *, shards: bool,
-                target: str = "smollm2-135m-instruct", threads: int | None = None) -> HeldOut:
+                target: str = "smollm2-135m-instruct", threads: int | None = None, layers: list[int] = (),
+                model=None) -> HeldOut:
     """The yardstick in ``folder``: teacher shards (``shards``), or the greedy answers to the
-    hand-written held-out prompts (``chat_data`` records, generated there once when missing)."""
+    hand-written held-out prompts (``chat_data`` records, generated there once when missing).
+    ``layers``: the feature layers' outputs too (from the shards, or for the hand-written answers
+    by one float32 forward of ``model``, the target, over each prompt and answer)."""
     from .chat_data import ChatDataConfig, generate_chat_data, load_chat_data
     from .distill_chat import flatten
+    from .teacher import features
 
+    layers = list(layers)
     if shards:
         s = Shards(folder, K)
         if not s.parts:
             raise FileNotFoundError(f"kd: no shard-*.pt in {folder}")
+        if layers and any(x.get("layers") != layers for x in s.parts):
+            raise ValueError(f"kd: the held-out shards in {folder} do not hold layers {layers}")
         offs = [sum(len(y["tokens"]) for y in s.parts[:i]) for i in range(len(s.parts))]
         return HeldOut(torch.cat([x["tokens"] for x in s.parts]), torch.cat([x["hidden"] for x in s.parts]),
-                       torch.cat([x["starts"] + o for x, o in zip(s.parts, offs)]), K, embed, positions)
+                       torch.cat([x["starts"] + o for x, o in zip(s.parts, offs)]), K, embed, positions,
+                       torch.cat([x["extra"] for x in s.parts]) if layers else None)
     if not list(Path(folder).glob("part-*.pt")):
         generate_chat_data(ChatDataConfig(target=target, out=str(folder), passes="0", split="heldout", seed=0,
                                           threads=threads))
-    tokens, hidden, starts = flatten(load_chat_data(folder), K)
-    return HeldOut(tokens, hidden, starts, K, embed, positions)
+    recs = load_chat_data(folder)
+    tokens, hidden, starts = flatten(recs, K)
+    extra = None
+    if layers:
+        if model is None:
+            raise ValueError("heldout_set: layers need the target model")
+        ex = []
+        for r in recs:  # the records flatten keeps, in its order
+            P = r["prompt_len"]
+            R = min(len(r["tokens"]) - P, r["hidden"].shape[0])
+            if R > K:
+                _, x = features(model, [r["tokens"].tolist()], torch.float32, layers)
+                ex.append(x[0, P - 1 : P - 1 + R].to(torch.float16))
+        extra = torch.cat(ex)
+    return HeldOut(tokens, hidden, starts, K, embed, positions, extra)
 
 
-def _heldout(run: Path, cfg: KDConfig, embed: Tensor) -> HeldOut:
+def _heldout(run: Path, cfg: KDConfig, embed: Tensor, model=None) -> HeldOut:
+    layers = parse_layers(cfg.feature_layers)
     if cfg.heldout:
-        return heldout_set(cfg.heldout, cfg.K, embed, cfg.eval_positions, shards=True)
+        return heldout_set(cfg.heldout, cfg.K, embed, cfg.eval_positions, shards=True, layers=layers)
     return heldout_set(run / "heldout", cfg.K, embed, cfg.eval_positions, shards=False, target=cfg.target,
-                       threads=cfg.threads)
+                       threads=cfg.threads, layers=layers, model=model)
 
 
 def evaluate_drafters(drafters: list[str], target: str, heldout: list[str], K: int = 5, positions: int = 2048,
@@ -250,16 +297,22 @@ def evaluate_drafters(drafters: list[str], target: str, heldout: list[str], K: i
 
     model, _, _ = load_target(target)
     embed = model.get_input_embeddings().weight.detach().float()
-    del model
+    # one yardstick per set of feature layers the drafters read (the positions are the same)
+    cfgs = {d: DrafterConfig.load(Path(d) / "drafter_config.json") for d in drafters}
     res: dict = {}
     for name in heldout:
-        if name == "hand":
-            ho = heldout_set(Path(cache) if cache else cache_dir() / "heldout" / Path(target).name, K, embed, positions,
-                             shards=False, target=target)
-        else:
-            ho = heldout_set(name, K, embed, positions, shards=True)
         res[name] = {}
+        sets: dict = {}
         for d in drafters:
+            layers = tuple(cfgs[d].feature_layers or ())
+            if layers not in sets:
+                if name == "hand":
+                    sets[layers] = heldout_set(Path(cache) if cache else cache_dir() / "heldout" / Path(target).name,
+                                               K, embed, positions, shards=False, target=target, layers=layers,
+                                               model=model)
+                else:
+                    sets[layers] = heldout_set(name, K, embed, positions, shards=True, layers=layers)
+            ho = sets[layers]
             r = ho.evaluate(Drafter.from_pretrained(d, dtype=torch.float32), embed, _shapes(shapes))
             res[name][d] = r
             print(f"[evaluate] {name} | {d}: agreement " + " ".join(f"{x:.3f}" for x in r["agreement_per_step"])
@@ -330,6 +383,8 @@ def _lineage(init: str | None) -> dict | None:
 
 
 def _init_from(path: str, dcfg: DrafterConfig) -> Drafter:
+    """The drafter at ``path`` as this run's start; one that reads only the final-norm state may start
+    a run with ``feature_layers``: its weights carry over and the fusion starts as the identity."""
     p = Path(path)
     if (p / "checkpoint.pt").is_file():
         ck = torch.load(p / "checkpoint.pt", weights_only=False)
@@ -337,6 +392,11 @@ def _init_from(path: str, dcfg: DrafterConfig) -> Drafter:
         d.load_state_dict(ck["model"])
     else:
         d = Drafter.from_pretrained(p, dtype=torch.float32)
+    if dcfg.feature_layers and not d.config.feature_layers and asdict(d.config) == {**asdict(dcfg), "feature_layers": None}:
+        new = Drafter(dcfg)
+        missing, unexpected = new.load_state_dict(d.float().state_dict(), strict=False)
+        assert missing == ["fuse.weight"] and not unexpected, (missing, unexpected)
+        d = new
     if asdict(d.config) != asdict(dcfg):
         raise ValueError(f"kd --init {path}: drafter {asdict(d.config)} does not match this run's {asdict(dcfg)}")
     return d.float().train()
@@ -365,12 +425,14 @@ def train_kd(cfg: KDConfig) -> dict:
     model, _, folder = load_target(cfg.target)
     embed, eos = tied_embedding(model, "kd")
     H, V = model.config.hidden_size, model.config.vocab_size
+    layers = parse_layers(cfg.feature_layers, model.config.num_hidden_layers)
+    data = _Mixture(cfg.data, cfg.K, layers)
+    heldout = _heldout(run, cfg, embed, model)
     del model
-    data = _Mixture(cfg.data, cfg.K)
-    heldout = _heldout(run, cfg, embed)
     gen = torch.Generator().manual_seed(cfg.seed)
     dcfg = DrafterConfig(hidden_size=H, vocab_size=V, num_layers=cfg.num_layers,
-                         draft_vocab_size=cfg.draft_vocab if 0 < cfg.draft_vocab < V else None)
+                         draft_vocab_size=cfg.draft_vocab if 0 < cfg.draft_vocab < V else None,
+                         feature_layers=layers or None)
     if ck is not None:
         drafter = Drafter(DrafterConfig(**ck["drafter_config"]))
         drafter.load_state_dict(ck["model"])
@@ -481,6 +543,8 @@ _HELP = {
     "vocab_from": "the head's tokens: a drafter folder's (its vocab_map) or the commonest answer tokens of a selfgen "
                   "folder (default: the commonest target argmax over --vocab-positions data positions)",
     "heldout": "a teacher shard folder as the held-out yardstick (default: greedy answers to the hand-written prompts)",
+    "feature_layers": "condition on these target decoder layers' outputs too, e.g. 10,20 (EAGLE-3's fusion; the shards "
+                      "must be made with `teacher --layers` of the same list; --init may name a drafter without them)",
 }
 
 

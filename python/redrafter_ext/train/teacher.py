@@ -12,7 +12,9 @@ head, so it is recomputed from them during training and never stored.
 Shard ``shard-XXXXX.pt`` (written atomically; a rerun resumes after the last complete one):
 ``{"tokens": (T,) int32, "hidden": (T, H) float16, "span_len": (S,) int64, "source": str}``:
 span s covers ``span_len[s]`` consecutive entries; ``hidden[i]`` predicts ``tokens[i]`` (the
-layout ``distill_chat.flatten`` reads). 1.2 kB a token at H = 576, so DIR holds ~1.2 GB per million
+layout ``distill_chat.flatten`` reads). With ``--layers 10,20`` a shard also holds
+``"layers": [10, 20]`` and ``"extra": (T, 2H) float16``, the outputs of those decoder layers at the
+same positions (the residual stream, before any norm): conditioning for a multi-layer drafter. 1.2 kB a token at H = 576, so DIR holds ~1.2 GB per million
 tokens: a scratch cache (never commit it), recomputable from the token ids.
 
 Sources: ``sharegpt`` (the registry package, train split by id hash), ``sharegpt-heldout`` (its
@@ -32,7 +34,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["TeacherConfig", "encode_messages", "write_shards", "Shards", "add_args", "config_from_args"]
+__all__ = ["TeacherConfig", "parse_layers", "features", "encode_messages", "write_shards", "Shards", "add_args", "config_from_args"]
 
 
 @dataclass
@@ -47,6 +49,19 @@ class TeacherConfig:
     bf16: bool = True  # the forward in bfloat16 (labels for training: fine; 3-5x faster with AMX/avx512_bf16)
     threads: int | None = None
     minutes: float | None = None  # stop starting new shards after this long
+    layers: str | None = None  # decoder layers (1-based) whose outputs a shard keeps too, e.g. "10,20"
+
+
+def parse_layers(spec: str | list[int] | None, num_layers: int | None = None) -> list[int]:
+    """``"10,20"`` -> ``[10, 20]``: distinct, increasing, each in ``[1, num_layers - 1]`` (the last
+    layer's output is the final-norm state every shard holds anyway)."""
+    if spec is None or spec == "" or spec == []:
+        return []
+    vals = [int(x) for x in spec.split(",")] if isinstance(spec, str) else [int(x) for x in spec]
+    hi = None if num_layers is None else num_layers - 1
+    if vals != sorted(set(vals)) or vals[0] < 1 or (hi is not None and vals[-1] > hi):
+        raise ValueError(f"--layers {spec!r}: distinct increasing decoder layers in [1, {hi or 'L-1'}]")
+    return vals
 
 
 def encode_messages(tok, messages: list[dict], max_len: int) -> tuple[list[int], list[tuple[int, int]]]:
@@ -123,14 +138,24 @@ def _batches(items: list[tuple[list[int], list[tuple[int, int]]]], batch_tokens:
 
 
 @torch.no_grad()
-def _hidden(model, rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-    """Final-norm hidden states ``(B, T, H)`` of right-padded ``rows`` (padding positions garbage)."""
+def features(model, rows: list[list[int]], dtype: torch.dtype, layers: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Final-norm hidden states ``(B, T, H)`` of right-padded ``rows`` (padding positions garbage) and,
+    for ``layers``, the outputs of those decoder layers concatenated ``(B, T, len(layers) * H)``."""
     T = max(map(len, rows))
     ids = torch.zeros(len(rows), T, dtype=torch.long)
     for b, r in enumerate(rows):
         ids[b, : len(r)] = torch.tensor(r)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        return model.model(input_ids=ids).last_hidden_state
+    got: dict[int, torch.Tensor] = {}
+    # hooks rather than output_hidden_states: its indexing has changed between transformers versions
+    hooks = [model.model.layers[k - 1].register_forward_hook(
+        lambda _m, _i, out, k=k: got.__setitem__(k, out[0] if isinstance(out, tuple) else out)) for k in layers]
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            h = model.model(input_ids=ids).last_hidden_state
+    finally:
+        for x in hooks:
+            x.remove()
+    return h, (torch.cat([got[k] for k in layers], dim=-1) if layers else None)
 
 
 def write_shards(cfg: TeacherConfig, items: Iterator[tuple[list[int], list[tuple[int, int]]]] | None = None) -> Path:
@@ -145,6 +170,7 @@ def write_shards(cfg: TeacherConfig, items: Iterator[tuple[list[int], list[tuple
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok, folder = load_target(cfg.target)
+    layers = parse_layers(cfg.layers, model.config.num_hidden_layers)
     if cfg.bf16:
         model = model.to(torch.bfloat16)
     meta = {**asdict(cfg), "target_folder": str(folder)}
@@ -176,18 +202,22 @@ def write_shards(cfg: TeacherConfig, items: Iterator[tuple[list[int], list[tuple
             exhausted = True
         if not items:
             break
-        toks, hids, lens = [], [], []
+        toks, hids, extras, lens = [], [], [], []
         for group in _batches(items, cfg.batch_tokens):
-            h = _hidden(model, [items[i][0] for i in group], torch.bfloat16 if cfg.bf16 else torch.float32)
+            h, x = features(model, [items[i][0] for i in group], torch.bfloat16 if cfg.bf16 else torch.float32, layers)
             for b, i in enumerate(group):
                 ids, spans = items[i]
                 for s, e in spans:
                     # hidden at s-1 .. e-2 predicts tokens s .. e-1
                     toks.append(torch.tensor(ids[s:e], dtype=torch.int32))
                     hids.append(h[b, s - 1 : e - 1].to(torch.float16))
+                    if x is not None:
+                        extras.append(x[b, s - 1 : e - 1].to(torch.float16))
                     lens.append(e - s)
         shard = {"tokens": torch.cat(toks), "hidden": torch.cat(hids), "span_len": torch.tensor(lens),
                  "source": cfg.source}
+        if layers:
+            shard.update(layers=layers, extra=torch.cat(extras))
         part = out / f"shard-{j:05d}.pt"
         tmp = part.with_suffix(".tmp")
         torch.save(shard, tmp)
@@ -252,6 +282,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fp32", dest="bf16", action="store_false", help="the forward in float32 (default bfloat16)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--minutes", type=float, default=None, help="stop starting new shards after this long")
+    p.add_argument("--layers", default=None, help="decoder layers (1-based, e.g. 10,20) whose outputs a shard keeps "
+                   "too: conditioning for a multi-layer drafter (+1.2 kB a token each)")
 
 
 def config_from_args(a: argparse.Namespace) -> TeacherConfig:
