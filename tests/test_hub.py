@@ -4,6 +4,7 @@ greedy ReDrafter output equals greedy AR on held-out prompts in float32."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -141,6 +142,16 @@ def test_folder_without_drafter(tmp_path, tiny_gguf):
     out = hub.convert_gguf(tiny_gguf, tmp_path / "m", progress=False)
     with pytest.raises(FileNotFoundError, match="no drafter at"):
         rx.load_model(out)
+
+
+def test_feature_layers_drafter_is_refused_up_front(tmp_path, tiny_gguf):
+    """A drafter trained with kd --feature-layers needs more than the decode loop hands over."""
+    out = hub.convert_gguf(tiny_gguf, tmp_path / "m", progress=False)
+    H = json.loads((out / "config.json").read_text())["hidden_size"]
+    V = json.loads((out / "config.json").read_text())["vocab_size"]
+    rx.Drafter(rx.DrafterConfig(H, V, 1, feature_layers=[1])).save_pretrained(tmp_path / "d")
+    with pytest.raises(ValueError, match=r"conditions on target layers \[1\].*does not hand over"):
+        rx.load_model(out, drafter=tmp_path / "d")
 
 
 def test_cache_dir_override(monkeypatch, tmp_path):

@@ -407,3 +407,10 @@ def test_generate_rejects_a_bad_beam_shape_before_any_step(tiny):
     for kw, n, message in BAD_BEAM_SHAPES:
         with pytest.raises(ValueError, match=message):
             rxm.generate(mt, md, [[1, 2, 3]], n, **kw)
+
+
+def test_feature_layers_drafter_is_refused(tmp_path):
+    """A drafter trained with kd --feature-layers: a clear error, not a weight mismatch."""
+    rx.Drafter(rx.DrafterConfig(32, 100, 1, feature_layers=[2])).save_pretrained(tmp_path / "d")
+    with pytest.raises(ValueError, match=r"conditions on target layers \[2\].*MLX backend does not support"):
+        rxm.Drafter.from_pretrained(tmp_path / "d")

@@ -207,4 +207,8 @@ def load_model(
     d = Drafter.from_pretrained(dfolder, dtype=drafter_dtype, device=device).use_packed_weights()
     if d.config.hidden_size != target.hidden_size:
         raise ValueError(f"load_model: drafter hidden size {d.config.hidden_size} != target's {target.hidden_size}")
+    if d.config.feature_layers:
+        # the decode loop hands the drafter the final-norm state only (docs/training.md, the ablation)
+        raise ValueError(f"load_model: the drafter at {dfolder} conditions on target layers {d.config.feature_layers} "
+                         f"(kd --feature-layers), which the decode loop does not hand over; train it without them")
     return target, d, load_tokenizer(folder)

@@ -126,6 +126,9 @@ class Drafter(nn.Module):
         if not cfg_path.is_file():
             raise FileNotFoundError(f"Drafter.from_pretrained: no {CONFIG_NAME} in {folder}")
         cfg = json.loads(cfg_path.read_text())
+        if cfg.get("feature_layers"):
+            raise ValueError(f"Drafter.from_pretrained: the drafter at {folder} conditions on target layers "
+                             f"{cfg['feature_layers']} (kd --feature-layers), which the MLX backend does not support")
         model = cls(cfg["hidden_size"], cfg["vocab_size"], cfg.get("num_layers", 2), cfg.get("draft_vocab_size"))
         weights = mx.load(str(folder / WEIGHTS_NAME))
         dtype = dtype or weights["lm_head.weight"].dtype
