@@ -174,6 +174,25 @@ def test_kd_refuses_a_mismatched_resume_and_fine_tunes_from_a_run(shards):
         _kd(shards, "ft2", init=str(shards / "base"), num_layers=2, max_steps=1)
 
 
+def test_kd_feature_noise_keeps_the_batches_and_resumes_the_same_run(shards):
+    plain = _kd(shards, "noise0", max_steps=4)
+    noisy = _kd(shards, "noise", max_steps=4, feature_noise=0.3)
+    first = _kd(shards, "noise-split", max_steps=4, feature_noise=0.3, stop_at=2)
+    rest = _kd(shards, "noise-split", max_steps=4, feature_noise=0.3)
+    assert first["steps"] == 2 and rest["steps"] == 4
+    assert [h["loss"] for h in rest["history"]] == [h["loss"] for h in noisy["history"]]
+    assert [h["loss"] for h in noisy["history"]] != [h["loss"] for h in plain["history"]]
+    # the noise has its own generator: the sampler (and so every batch) is the run's without noise
+    g0 = torch.load(shards / "noise0" / "checkpoint.pt", weights_only=False)["gen"]
+    g1 = torch.load(shards / "noise" / "checkpoint.pt", weights_only=False)["gen"]
+    assert torch.equal(g0, g1)
+    with pytest.raises(ValueError, match="feature-noise"):
+        _kd(shards, "noise-bad", feature_noise=-0.1)
+    h = torch.randn(4096, 32) * 3
+    d = kd._noisy(h, 0.1, 0, 7) - h
+    assert abs(float(d.std()) - 0.3) < 0.02 and torch.equal(kd._noisy(h, 0.1, 0, 7), kd._noisy(h, 0.1, 0, 7))
+
+
 def test_kd_loss_topk_matches_the_full_soft_loss_when_k_covers_the_head():
     from redrafter_ext.drafter import Drafter, DrafterConfig
 

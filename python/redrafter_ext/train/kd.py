@@ -75,6 +75,7 @@ class KDConfig:
     teacher_topk: int = 50
     head_init: str = "random"  # random | embedding (the h half of the head from the target's embedding rows)
     feature_layers: str | None = None  # e.g. "10,20": condition on those decoder layers too (shards made with --layers)
+    feature_noise: float = 0.0  # training only: Gaussian noise on the input features, std relative to each row's RMS
     bf16: bool = True
     threads: int | None = None
     seed: int = 0
@@ -321,6 +322,15 @@ def evaluate_drafters(drafters: list[str], target: str, heldout: list[str], K: i
     return res
 
 
+def _noisy(h: Tensor, scale: float, seed: int, step: int) -> Tensor:
+    """``h (B, F)`` plus Gaussian noise of std ``scale`` x each row's RMS (EAGLE's feature noise: the
+    drafter meets the target's states, not the training set's). Its own generator, seeded by the step:
+    the batches stay those of a run without noise (paired ablations) and a resumed run draws the same."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    rms = h.pow(2).mean(-1, keepdim=True).sqrt()
+    return h + scale * rms * torch.randn(h.shape, generator=g, dtype=h.dtype)
+
+
 def _save_atomic(obj, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
@@ -405,6 +415,8 @@ def _init_from(path: str, dcfg: DrafterConfig) -> Drafter:
 def train_kd(cfg: KDConfig) -> dict:
     if not cfg.run:
         raise ValueError("kd: --run is required")
+    if not cfg.feature_noise >= 0:
+        raise ValueError(f"kd --feature-noise: must be >= 0, got {cfg.feature_noise!r}")
     if cfg.head_init not in ("random", "embedding"):
         raise ValueError(f"kd --head-init: random or embedding, got {cfg.head_init!r}")
     shapes = _shapes(cfg.eval_shapes)
@@ -494,6 +506,8 @@ def train_kd(cfg: KDConfig) -> dict:
             for g in opt.param_groups:
                 g["lr"] = lr
             h, emb, th = data.sample(cfg.batch_size, gen, embed)
+            if cfg.feature_noise > 0:
+                h = _noisy(h, cfg.feature_noise, cfg.seed, step)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
                 loss, agree = kd_loss(drafter, h, emb, th, head, cfg.teacher_temperature, cfg.teacher_topk)
             loss.backward()
@@ -543,6 +557,8 @@ _HELP = {
     "vocab_from": "the head's tokens: a drafter folder's (its vocab_map) or the commonest answer tokens of a selfgen "
                   "folder (default: the commonest target argmax over --vocab-positions data positions)",
     "heldout": "a teacher shard folder as the held-out yardstick (default: greedy answers to the hand-written prompts)",
+    "feature_noise": "training only: add Gaussian noise of this std, relative to each row's RMS, to the drafter's input "
+                     "features (EAGLE's feature noise, against memorising the training set; 0: none)",
     "feature_layers": "condition on these target decoder layers' outputs too, e.g. 10,20 (EAGLE-3's fusion; the shards "
                       "must be made with `teacher --layers` of the same list; --init may name a drafter without them)",
 }
