@@ -480,3 +480,22 @@ def test_an_unlucky_probe_does_not_dismiss_the_best_shape(monkeypatch):
     # measured: without the prior median 0.92 and 16 of 30 runs below 0.92x 1x8; with it 0.975 and 7
     assert got[16.0][0] >= 0.96 and got[16.0][1] <= 8, got
     assert got[16.0][1] < got[0.0][1] - 5, got
+
+
+def test_demo_warms_every_shape_outside_the_policy(monkeypatch, capsys):
+    # the demo's warm-up once ran under its policy: the cold first windows (allocation, first drafter
+    # call) made drafting look dear, and the policy then decoded plainly for the whole demo
+    import redrafter_ext.demo as demo
+
+    calls, real = [], demo.generate
+
+    def spy(*args, **kw):
+        calls.append((kw.get("policy"), kw.get("beam_width"), kw.get("beam_length")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(demo, "generate", spy)
+    assert demo.main(["--random-weights", "--prompts", "1", "--max-new-tokens", "8", "--threads", "1"]) == 0
+    first = next(i for i, c in enumerate(calls) if c[0] is not None)
+    policy = calls[first][0]
+    assert {(w, n) for _, w, n in calls[:first]} == set(policy.menu)  # every shape warmed, none by the policy
+    assert all(c[0] is policy for c in calls[first:])
