@@ -290,3 +290,32 @@ def test_teacher_layers_and_a_multi_layer_drafter_fine_tuned_from_a_plain_one(sh
     # the hand-written-style yardstick path: evaluate reads each drafter's layers
     res = kd.evaluate_drafters([str(shards / "fl" / "drafter")], TINY, [str(held)], K=3, positions=16, shapes="1x3")
     assert res[str(held)][str(shards / "fl" / "drafter")]["positions"] == 16
+
+
+def test_selfgen_bf16_part_and_a_mismatched_resume_is_refused(tmp_path):
+    from redrafter_ext.train import selfgen
+
+    out = tmp_path / "sg"
+    cfg = selfgen.SelfGenConfig(out=str(out), sources="templates", temperatures="0", batch=2, max_new_tokens=4,
+                                max_parts=1, threads=1, dtype="bfloat16")
+    selfgen.generate(cfg)
+    z = __import__("numpy").load(out / "part-00000.npz")
+    assert z["answer"].dtype.name == "uint16" and len(z["length"]) == 2 and (z["length"] <= 4).all()
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    before = (out / "part-00000.npz").read_bytes()
+    selfgen.generate(cfg)  # same settings: resumes, the part is kept as it was
+    assert (out / "part-00000.npz").read_bytes() == before
+    for change in ({"dtype": "float32"}, {"batch": 4}, {"seed": 1}):
+        with pytest.raises(ValueError, match="--" + next(iter(change)).replace("_", "-")):
+            selfgen.generate(selfgen.SelfGenConfig(**{**cfg.__dict__, **change}))
+    with pytest.raises(ValueError, match="--dtype"):
+        selfgen.generate(selfgen.SelfGenConfig(out=str(tmp_path / "x"), dtype="float16"))
+    # a folder written before --dtype existed is float32's, and its sources default to sharegpt,broad
+    old = tmp_path / "old"
+    old.mkdir()
+    keep = {k: v for k, v in cfg.__dict__.items() if k not in ("dtype", "sources", "out")}
+    (old / "config.json").write_text(json.dumps({**keep, "out": str(old)}))
+    selfgen._check_resume(old, selfgen.SelfGenConfig(**{**keep, "out": str(old), "sources": "sharegpt,broad"}))
+    with pytest.raises(ValueError, match="--dtype"):
+        selfgen._check_resume(old, selfgen.SelfGenConfig(**{**keep, "out": str(old), "sources": "sharegpt,broad",
+                                                           "dtype": "bfloat16"}))
