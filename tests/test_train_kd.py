@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -299,7 +300,7 @@ def test_selfgen_bf16_part_and_a_mismatched_resume_is_refused(tmp_path):
     cfg = selfgen.SelfGenConfig(out=str(out), sources="templates", temperatures="0", batch=2, max_new_tokens=4,
                                 max_parts=1, threads=1, dtype="bfloat16")
     selfgen.generate(cfg)
-    z = __import__("numpy").load(out / "part-00000.npz")
+    z = np.load(out / "part-00000.npz")
     assert z["answer"].dtype.name == "uint16" and len(z["length"]) == 2 and (z["length"] <= 4).all()
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     before = (out / "part-00000.npz").read_bytes()

@@ -52,11 +52,13 @@ class SelfGenConfig:
     seed: int = 0
     threads: int | None = None
     sources: str = "sharegpt,broad"  # prompt pools: sharegpt, broad, templates
-    dtype: str = "float32"  # the target's: bfloat16 is ~1.5x faster where the CPU has AMX (its greedy is not fp32's)
+    dtype: str = "float32"  # the target's: bfloat16 is 1.4-1.5x faster where the CPU has AMX (its greedy is not fp32's)
 
 
-# what fixes a folder's job list and its answers: a resumed run must match them (older folders lack dtype: float32)
+# what fixes a folder's job list and its answers: a resumed run must match them
 _JOB_FIELDS = ("target", "temperatures", "max_new_tokens", "max_prompt_tokens", "batch", "seed", "sources", "dtype")
+# folders made before a field was recorded in config.json were made with these values
+_FIELDS_BEFORE_RECORDED = {"sources": "sharegpt,broad", "dtype": "float32"}
 _DTYPES = ("float32", "bfloat16")
 
 
@@ -65,7 +67,7 @@ def _check_resume(out: Path, cfg: SelfGenConfig) -> None:
     f = out / "config.json"
     if not f.is_file():
         return
-    old = {"dtype": "float32", "sources": "sharegpt,broad", **json.loads(f.read_text())}
+    old = {**_FIELDS_BEFORE_RECORDED, **json.loads(f.read_text())}
     diff = [f"--{k.replace('_', '-')} {old.get(k)} (folder) vs {getattr(cfg, k)}" for k in _JOB_FIELDS
             if str(old.get(k)) != str(getattr(cfg, k))]
     if diff:
