@@ -28,6 +28,7 @@ def _inputs(M, N, K, bias, seed):
 @pytest.mark.parametrize("M,N,K", [
     (1, 1, 1), (1, 111, 576), (2, 5, 17), (3, 7, 15), (4, 64, 16), (5, 33, 40), (7, 111, 33),
     (8, 130, 576), (9, 69, 64), (16, 257, 100), (33, 70, 31), (1, 4099, 20),
+    (3, 37, 577), (4, 9, 1536), (5, 66, 95),  # the AVX2 path from 3 rows: its last chunk of 1 and 2
 ])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_linear(M, N, K, bias):
