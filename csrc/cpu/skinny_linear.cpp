@@ -5,12 +5,13 @@
 // This kernel streams the packed weight once (4 output rows x 16 inputs per 256-byte tile, the
 // whole weight one sequential stream, prefetched ahead) and keeps up to 4x4 accumulators of 16
 // lanes per tile with AVX-512, or with AVX2 4 x 2 of 8 lanes (one x row a pass) up to 2 rows and
-// 2 x 3 x 2 in intrinsics from 3 rows, picked at run time. Each output is summed in the same order whatever M and the thread split are, so
-// a row's result does not depend on the rows beside it (a tree verify's linears then match a
-// one-token step bit for bit).
+// 2 x 3 x 2 in intrinsics from 3 rows, picked at run time. Each output is summed in the same order
+// whatever M and the thread split are, so a row's result does not depend on the rows beside it (a
+// tree verify's linears then match a one-token step bit for bit).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -150,18 +151,11 @@ RD_INLINE void run(const float* x, int64_t M, int64_t K, const float* packed, co
 // meet MR x rows at a time (NS x MR x 2 accumulators in registers), and the sub-passes over one
 // tile's weights (4 x K floats, 9-25 KB) run back to back while they sit in L1, so W comes from
 // memory once for any M. Each lane adds its products in the same order as `tile` (one FMA per
-// 16-input block), and `hsum_avx2` is `hsum8`, so outputs do not depend on M or the split.
+// 16-input block) and is reduced by the same `hsum`, so outputs do not depend on M or the split.
 #define RD_AVX2_INLINE inline __attribute__((always_inline, target("avx2,fma")))
 // 2 x 3 x 2 = 12 accumulators + 2 weights + 1 x of 16 ymm; 4 x 2 and 2 x 4 measured 3-8% slower.
 constexpr int kAvx2SubRows = 2;  // weight rows per sub-pass
 constexpr int kAvx2MR = 3;       // x rows per sub-pass
-
-RD_AVX2_INLINE float hsum_avx2(__m256 lo, __m256 hi) {
-  const __m256 a = _mm256_add_ps(lo, hi);
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));       // b0 + b2, b1 + b3
-  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));  // (b0 + b2) + (b1 + b3)
-}
 
 // One 16-input block: NS weight rows (p, row stride 16) x MR rows of x (xk, row stride xs).
 template <int NS, int MR>
@@ -180,9 +174,9 @@ RD_AVX2_INLINE void avx2_block(const float* p, const float* xk, int64_t xs, __m2
   }
 }
 
-// Weight rows r0..r0+NS-1 of one tile against MR rows of x (row stride xs), outputs n0 + r0 + s.
+// Weight rows r0..r0+NS-1 of one tile against MR rows of x (row stride K), outputs n0 + r0 + s.
 template <int NS, int MR>
-RD_AVX2_INLINE void avx2_rows(const float* x, int64_t xs, int64_t K, const float* xtail, const float* wt, int r0,
+RD_AVX2_INLINE void avx2_rows(const float* x, int64_t K, const float* xtail, const float* wt, int r0,
                               bool prefetch, const float* bias, int64_t N, float* y, int64_t n0) {
   __m256 acc[NS][MR][2];
 #pragma GCC unroll 16
@@ -196,7 +190,7 @@ RD_AVX2_INLINE void avx2_rows(const float* x, int64_t xs, int64_t K, const float
 #pragma GCC unroll 4
       for (int r = 0; r < kNR; ++r) _mm_prefetch(reinterpret_cast<const char*>(p - r0 * kKB + r * kKB + kPrefetch), _MM_HINT_T0);
     }
-    avx2_block<NS, MR>(p, x + kb * kKB, xs, acc);
+    avx2_block<NS, MR>(p, x + kb * kKB, K, acc);
   }
   if (xtail) avx2_block<NS, MR>(p, xtail, kKB, acc);
 #pragma GCC unroll 4
@@ -205,7 +199,10 @@ RD_AVX2_INLINE void avx2_rows(const float* x, int64_t xs, int64_t K, const float
     if (n >= N) break;
     const float b = bias ? bias[n] : 0.0f;
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) y[m * N + n] = hsum_avx2(acc[s][m][0], acc[s][m][1]) + b;
+    for (int m = 0; m < MR; ++m) {
+      const f8v v[2] = {acc[s][m][0], acc[s][m][1]};
+      y[m * N + n] = hsum(v) + b;
+    }
   }
 }
 
@@ -213,11 +210,11 @@ template <int MR>
 RD_AVX2_INLINE void avx2_tile(const float* x, int64_t K, const float* xtail, const float* wt, bool prefetch,
                               const float* bias, int64_t N, float* y, int64_t t) {
   if constexpr (MR == 1) {
-    avx2_rows<kNR, 1>(x, K, K, xtail, wt, 0, prefetch, bias, N, y, t * kNR);
+    avx2_rows<kNR, 1>(x, K, xtail, wt, 0, prefetch, bias, N, y, t * kNR);
   } else {
 #pragma GCC unroll 4
     for (int r0 = 0; r0 < kNR; r0 += kAvx2SubRows)
-      avx2_rows<kAvx2SubRows, MR>(x, K, K, xtail, wt, r0, prefetch && r0 == 0, bias, N, y, t * kNR);
+      avx2_rows<kAvx2SubRows, MR>(x, K, xtail, wt, r0, prefetch && r0 == 0, bias, N, y, t * kNR);
   }
 }
 
@@ -227,21 +224,16 @@ __attribute__((target("avx2,fma"))) void run_avx2(const float* x, int64_t M, int
                                                    int64_t tile_end) {
   const int64_t kblocks = (K + kKB - 1) / kKB;
   const int64_t chunks = (M + kAvx2MR - 1) / kAvx2MR;
-  // the chunk's rows' last 16 inputs, zero-padded (the packed weight is zero there too)
-  float xtail_buf[kAvx2MR * kKB];
-  const bool tail = K % kKB != 0;
+  // every row's last 16 inputs, zero-padded (the packed weight is zero there too), made once per call
+  std::vector<float> xtails(K % kKB ? M * kKB : 0, 0.0f);
+  for (int64_t m = 0; m < M && !xtails.empty(); ++m)
+    std::memcpy(xtails.data() + m * kKB, x + m * K + (K / kKB) * kKB, (K % kKB) * sizeof(float));
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     const float* wt = packed + t * kblocks * kNR * kKB;
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t m0 = c * kAvx2MR, mr = std::min<int64_t>(kAvx2MR, M - m0);
       const float* xm = x + m0 * K;
-      const float* xtail = nullptr;
-      if (tail) {
-        std::memset(xtail_buf, 0, sizeof(float) * kKB * mr);
-        for (int64_t m = 0; m < mr; ++m)
-          std::memcpy(xtail_buf + m * kKB, xm + m * K + (K / kKB) * kKB, (K % kKB) * sizeof(float));
-        xtail = xtail_buf;
-      }
+      const float* xtail = xtails.empty() ? nullptr : xtails.data() + m0 * kKB;
       float* ym = y + m0 * N;
       const bool prefetch = c == 0;
       switch (mr) {
@@ -263,7 +255,7 @@ void skinny_linear(const float* x, int64_t M, int64_t K, const float* packed, co
     run<Wide>(x, M, K, packed, bias, N, y, tile_begin, tile_end);
 #if defined(__x86_64__) && defined(__GNUC__)
   } else if (M >= 3 && K >= 4 * kKB && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    // measured on a Zen 3: 1.05-1.3x from 3 rows; at 1-2 rows or tiny K the generic pass is as fast or faster
+    // measured on a Zen 3: 1.03-1.24x from 3 rows; at 1-2 rows or K < 64 the generic pass was as fast or faster
     run_avx2(x, M, K, packed, bias, N, y, tile_begin, tile_end);
 #endif
   } else {
