@@ -1,0 +1,78 @@
+"""How much a context-lookup beam could add to the drafter, on the hand-written held-out answers.
+
+    .venv/bin/python bench/lookup_headroom.py [--drafter FOLDER] [--n 1,2,3]
+
+For every answer position j of the target's greedy answers to the 32 hand-written held-out prompts
+(generated into the user cache by `./run.sh train evaluate` on first use), it compares two guesses of
+token j: the drafter's look-ahead-1 argmax (from the target state that predicted token j-1 and token
+j-1 itself), and a prompt-lookup guess (the token that followed the last earlier occurrence of the
+previous n tokens in prompt + answer so far; none when they never occurred). One row per n: the
+share of positions with a lookup guess, the share it gets right, the drafter's share, and the share
+either gets right, an upper bound on what one extra lookup beam in the trie could accept at depth 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from redrafter_ext.drafter import Drafter
+from redrafter_ext.hub import cache_dir
+from redrafter_ext.train.chat_data import load_chat_data
+from redrafter_ext.train.common import load_target
+
+SHIPPED = Path(__file__).resolve().parents[1] / "python/redrafter_ext/checkpoints/smollm2-135m-instruct-drafter"
+
+
+def lookup(ctx: list[int], n: int) -> int | None:
+    """The token after the last earlier occurrence of ``ctx[-n:]`` in ``ctx``, or None."""
+    key = ctx[-n:]
+    for s in range(len(ctx) - n - 1, -1, -1):
+        if ctx[s : s + n] == key:
+            return ctx[s + n]
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafter", default=str(SHIPPED))
+    ap.add_argument("--n", default="1,2,3", help="lookup key lengths")
+    ap.add_argument("--cache", default=None, help="the hand-written answers (default: the user cache)")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    folder = Path(a.cache) if a.cache else cache_dir() / "heldout" / "smollm2-135m-instruct"
+    recs = load_chat_data(folder)  # each: tokens (prompt + answer), prompt_len, hidden[i] predicting token P + i
+    model, _, _ = load_target("smollm2-135m-instruct")
+    E = model.get_input_embeddings().weight.detach().float()
+    d = Drafter.from_pretrained(a.drafter, dtype=torch.float32).eval()
+    # the drafter's look-ahead-1 guess of every answer token after the first, one batch per answer
+    rows = []
+    with torch.no_grad():
+        for r in recs:
+            t, P, h = r["tokens"].long(), r["prompt_len"], r["hidden"].float()
+            js = torch.arange(P + 1, len(t))
+            state = d.rnn_step(E[t[js - 1]], torch.zeros(len(js), E.shape[1]))
+            guess = d.to_real_ids(d.logits(h[js - 1 - P], state).argmax(-1))
+            rows.append((t.tolist(), P, guess.tolist()))
+    print(f"{'n':>2} {'positions':>9} {'lookup proposes':>15} {'lookup right':>12} {'precision':>9} "
+          f"{'drafter right':>13} {'either right':>12}")
+    for n in (int(x) for x in a.n.split(",")):
+        tot = prop = right = dr = either = 0
+        for t, P, guess in rows:
+            for j, g in zip(range(P + 1, len(t)), guess):
+                lk = lookup(t[:j], n)
+                ok_l, ok_d = lk == t[j], g == t[j]
+                tot += 1
+                prop += lk is not None
+                right += ok_l
+                dr += ok_d
+                either += ok_l or ok_d
+        print(f"{n:>2} {tot:>9} {prop / tot:>15.3f} {right / tot:>12.3f} {right / max(prop, 1):>9.3f} "
+              f"{dr / tot:>13.3f} {either / tot:>12.3f}")
+
+
+if __name__ == "__main__":
+    main()
