@@ -9,6 +9,9 @@ j-1 itself), and a prompt-lookup guess (the token that followed the last earlier
 previous n tokens in prompt + answer so far; none when they never occurred). One row per n: the
 share of positions with a lookup guess, the share it gets right, the drafter's share, and the share
 either gets right, an upper bound on what one extra lookup beam in the trie could accept at depth 1.
+Then, per ``--shapes`` W x L, the tokens per step a verify would accept (teacher-forced on the greedy
+answer, as `evaluate` counts them) from the drafter's W beams alone, and from those plus one lookup
+beam (the L-1 tokens after the last earlier occurrence of the previous ``--beam-n`` tokens).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from redrafter_ext import ops
 from redrafter_ext.drafter import Drafter
 from redrafter_ext.hub import cache_dir
 from redrafter_ext.train.chat_data import load_chat_data
@@ -35,11 +39,34 @@ def lookup(ctx: list[int], n: int) -> int | None:
     return None
 
 
+def lookup_beam(ctx: list[int], n: int, length: int) -> list[int]:
+    """Up to ``length`` tokens after the last earlier occurrence of ``ctx[-n:]`` (empty if none)."""
+    key = ctx[-n:]
+    for s in range(len(ctx) - n - 1, -1, -1):
+        if ctx[s : s + n] == key:
+            return ctx[s + n : s + n + length]
+    return []
+
+
+def accepted(t: list[int], j: int, beams: list[list[int]]) -> int:
+    """Tokens one verify commits when token j-1 is the guaranteed one: 1 + the longest beam prefix
+    that matches the answer from token j on."""
+    best = 0
+    for b in beams:
+        m = 0
+        while m < len(b) and j + m < len(t) and b[m] == t[j + m]:
+            m += 1
+        best = max(best, m)
+    return 1 + best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default=str(SHIPPED))
     ap.add_argument("--n", default="1,2,3", help="lookup key lengths")
     ap.add_argument("--cache", default=None, help="the hand-written answers (default: the user cache)")
+    ap.add_argument("--shapes", default="1x4,2x4,4x5", help="W x L of the drafter's beams")
+    ap.add_argument("--beam-n", type=int, default=2, help="key length of the lookup beam")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -72,6 +99,21 @@ def main() -> None:
                 either += ok_l or ok_d
         print(f"{n:>2} {tot:>9} {prop / tot:>15.3f} {right / tot:>12.3f} {right / max(prop, 1):>9.3f} "
               f"{dr / tot:>13.3f} {either / tot:>12.3f}")
+    print(f"\n{'shape':>5} {'positions':>9} {'drafter tokens/step':>19} {'+ lookup beam':>13}")
+    for shape in a.shapes.split(","):
+        W, L = (int(x) for x in shape.split("x"))
+        n_pos = plain = plus = 0
+        with torch.no_grad():
+            for r in recs:
+                t, P, h = r["tokens"].long(), r["prompt_len"], r["hidden"].float()
+                js = torch.arange(P + 1, len(t))
+                beams = d.beam_search(h[js - 1 - P], t[js - 1].to(torch.int32), E, W, L, ops)[:, :, 1:].tolist()
+                tl = t.tolist()
+                for j, bs in zip(js.tolist(), beams):
+                    n_pos += 1
+                    plain += accepted(tl, j, bs)
+                    plus += accepted(tl, j, bs + [lookup_beam(tl[:j], a.beam_n, L - 1)])
+        print(f"{shape:>5} {n_pos:>9} {plain / n_pos:>19.2f} {plus / n_pos:>13.2f}")
 
 
 if __name__ == "__main__":
