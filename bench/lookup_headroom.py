@@ -1,6 +1,6 @@
 """How much a context-lookup beam could add to the drafter, on the hand-written held-out answers.
 
-    .venv/bin/python bench/lookup_headroom.py [--drafter FOLDER] [--n 1,2,3]
+    ./run.sh bench bench/lookup_headroom.py [--drafter FOLDER] [--shapes 1x4,2x4,4x5] [--beam-n 2]
 
 For every answer position j of the target's greedy answers to the 32 hand-written held-out prompts
 (generated into the user cache by `./run.sh train evaluate` on first use), it compares two guesses of
