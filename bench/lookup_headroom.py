@@ -1,4 +1,4 @@
-"""How much a context-lookup beam could add to the drafter, on the hand-written held-out answers.
+"""How much a context-lookup beam could add to the drafter, on held-out greedy answers.
 
     ./run.sh bench bench/lookup_headroom.py [--drafter FOLDER] [--shapes 1x4,2x4,4x5] [--beam-n 2]
 
@@ -20,12 +20,15 @@ import argparse
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from redrafter_ext import ops
 from redrafter_ext.drafter import Drafter
 from redrafter_ext.hub import cache_dir
 from redrafter_ext.train.chat_data import load_chat_data
 from redrafter_ext.train.common import load_target
+from redrafter_ext.train.selfgen import records
+from redrafter_ext.train.teacher import features
 
 SHIPPED = Path(__file__).resolve().parents[1] / "python/redrafter_ext/checkpoints/smollm2-135m-instruct-drafter"
 
@@ -65,15 +68,26 @@ def main() -> None:
     ap.add_argument("--drafter", default=str(SHIPPED))
     ap.add_argument("--n", default="1,2,3", help="lookup key lengths")
     ap.add_argument("--cache", default=None, help="the hand-written answers (default: the user cache)")
+    ap.add_argument("--selfgen", default=None, help="instead: greedy answers in a selfgen folder (e.g. the ShareGPT "
+                    "held-out one: selfgen --sources sharegpt-heldout --temperatures 0), the states recomputed in float32")
+    ap.add_argument("--max-answers", type=int, default=64, help="with --selfgen: the first this many answers")
     ap.add_argument("--shapes", default="1x4,2x4,4x5", help="W x L of the drafter's beams")
     ap.add_argument("--beam-n", type=int, default=2, help="key length of the lookup beam")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     folder = Path(a.cache) if a.cache else cache_dir() / "heldout" / "smollm2-135m-instruct"
-    recs = load_chat_data(folder)  # each: tokens (prompt + answer), prompt_len, hidden[i] predicting token P + i
-    model, _, _ = load_target("smollm2-135m-instruct")
+    model, tok, _ = load_target("smollm2-135m-instruct")
     E = model.get_input_embeddings().weight.detach().float()
+    if a.selfgen:
+        recs = []
+        with torch.no_grad():
+            for r in tqdm(records(a.selfgen, tok)[: a.max_answers], desc="target states", unit="answer"):
+                ids, P = r["prompt"] + r["answer"], len(r["prompt"])
+                h, _ = features(model, [ids], torch.float32)
+                recs.append({"tokens": torch.tensor(ids), "prompt_len": P, "hidden": h[0, P - 1 : len(ids) - 1]})
+    else:  # each: tokens (prompt + answer), prompt_len, hidden[i] predicting token P + i
+        recs = load_chat_data(folder)
     d = Drafter.from_pretrained(a.drafter, dtype=torch.float32).eval()
     # the drafter's look-ahead-1 guess of every answer token after the first, one batch per answer
     rows = []
