@@ -11,7 +11,8 @@ share of positions with a lookup guess, the share it gets right, the drafter's s
 either gets right, an upper bound on what one extra lookup beam in the trie could accept at depth 1.
 Then, per ``--shapes`` W x L, the tokens per step a verify would accept (teacher-forced on the greedy
 answer, as `evaluate` counts them) from the drafter's W beams alone, and from those plus one lookup
-beam (the L-1 tokens after the last earlier occurrence of the previous ``--beam-n`` tokens).
+beam (the L-1 tokens after the last earlier occurrence of the previous ``--beam-n`` tokens), the
+lookup computed both by a plain loop and in the fixed shapes a decode step needs (checked equal).
 """
 
 from __future__ import annotations
@@ -49,6 +50,22 @@ def lookup_beam(ctx: list[int], n: int, length: int) -> list[int]:
         if ctx[s : s + n] == key:
             return ctx[s + n : s + n + length]
     return []
+
+
+def lookup_beams(hist: torch.Tensor, length: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """``lookup_beam`` in fixed shapes, as a decode step would need it (no host sync, no data-dependent
+    shapes): ``hist (B, T)`` int64 token rows (padded), ``length (B,)`` int64 (>= n) -> ``(B, m)`` int64,
+    -1 past the end of the continuation or where the key never occurred earlier."""
+    T = hist.shape[1]
+    pos = torch.arange(T - n)
+    key = hist.gather(1, (length[:, None] - n + torch.arange(n)).clamp(0, T - 1))
+    match = pos[None] <= (length - n - 1)[:, None]  # a continuation token exists before the key itself
+    for i in range(n):
+        match = match & (hist[:, i : T - n + i] == key[:, i : i + 1])
+    last = torch.where(match, pos[None], -1).amax(1)
+    idx = last[:, None] + n + torch.arange(m)
+    ok = (last[:, None] >= 0) & (idx < length[:, None])
+    return torch.where(ok, hist.gather(1, idx.clamp(0, T - 1)), -1)
 
 
 def accepted(t: list[int], j: int, beams: list[list[int]]) -> int:
@@ -123,10 +140,13 @@ def main() -> None:
                 js = torch.arange(P + 1, len(t))
                 beams = d.beam_search(h[js - 1 - P], t[js - 1].to(torch.int32), E, W, L, ops)[:, :, 1:].tolist()
                 tl = t.tolist()
-                for j, bs in zip(js.tolist(), beams):
+                fixed = lookup_beams(t.expand(len(js), -1), js, a.beam_n, L - 1).tolist()
+                for j, bs, lb in zip(js.tolist(), beams, fixed):
+                    ref = lookup_beam(tl[:j], a.beam_n, L - 1)
+                    assert lb == ref + [-1] * (L - 1 - len(ref)), (j, lb, ref)  # the fixed-shape form first
                     n_pos += 1
                     plain += accepted(tl, j, bs)
-                    plus += accepted(tl, j, bs + [lookup_beam(tl[:j], a.beam_n, L - 1)])
+                    plus += accepted(tl, j, bs + [ref])
         print(f"{shape:>5} {n_pos:>9} {plain / n_pos:>19.2f} {plus / n_pos:>13.2f}")
 
 
