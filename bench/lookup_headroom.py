@@ -27,20 +27,11 @@ from redrafter_ext import ops
 from redrafter_ext.drafter import Drafter
 from redrafter_ext.hub import cache_dir
 from redrafter_ext.train.chat_data import load_chat_data
-from redrafter_ext.train.common import load_target
+from redrafter_ext.train.common import accepted_tokens, load_target
 from redrafter_ext.train.selfgen import records
 from redrafter_ext.train.teacher import features
 
 SHIPPED = Path(__file__).resolve().parents[1] / "python/redrafter_ext/checkpoints/smollm2-135m-instruct-drafter"
-
-
-def lookup(ctx: list[int], n: int) -> int | None:
-    """The token after the last earlier occurrence of ``ctx[-n:]`` in ``ctx``, or None."""
-    key = ctx[-n:]
-    for s in range(len(ctx) - n - 1, -1, -1):
-        if ctx[s : s + n] == key:
-            return ctx[s + n]
-    return None
 
 
 def lookup_beam(ctx: list[int], n: int, length: int) -> list[int]:
@@ -66,18 +57,6 @@ def lookup_beams(hist: torch.Tensor, length: torch.Tensor, n: int, m: int) -> to
     idx = last[:, None] + n + torch.arange(m)
     ok = (last[:, None] >= 0) & (idx < length[:, None])
     return torch.where(ok, hist.gather(1, idx.clamp(0, T - 1)), -1)
-
-
-def accepted(t: list[int], j: int, beams: list[list[int]]) -> int:
-    """Tokens one verify commits when token j-1 is the guaranteed one: 1 + the longest beam prefix
-    that matches the answer from token j on."""
-    best = 0
-    for b in beams:
-        m = 0
-        while m < len(b) and j + m < len(t) and b[m] == t[j + m]:
-            m += 1
-        best = max(best, m)
-    return 1 + best
 
 
 def main() -> None:
@@ -121,10 +100,10 @@ def main() -> None:
         tot = prop = right = dr = either = 0
         for t, P, guess in rows:
             for j, g in zip(range(P + 1, len(t)), guess):
-                lk = lookup(t[:j], n)
-                ok_l, ok_d = lk == t[j], g == t[j]
+                lk = lookup_beam(t[:j], n, 1)
+                ok_l, ok_d = lk == [t[j]], g == t[j]
                 tot += 1
-                prop += lk is not None
+                prop += bool(lk)
                 right += ok_l
                 dr += ok_d
                 either += ok_l or ok_d
@@ -138,15 +117,18 @@ def main() -> None:
             for r in recs:
                 t, P, h = r["tokens"].long(), r["prompt_len"], r["hidden"].float()
                 js = torch.arange(P + 1, len(t))
-                beams = d.beam_search(h[js - 1 - P], t[js - 1].to(torch.int32), E, W, L, ops)[:, :, 1:].tolist()
+                beams = d.beam_search(h[js - 1 - P], t[js - 1].to(torch.int32), E, W, L, ops)[:, :, 1:]
+                fixed = lookup_beams(t.expand(len(js), -1), js, a.beam_n, L - 1)  # (positions, L-1), -1 padded
                 tl = t.tolist()
-                fixed = lookup_beams(t.expand(len(js), -1), js, a.beam_n, L - 1).tolist()
-                for j, bs, lb in zip(js.tolist(), beams, fixed):
+                for j, lb in zip(js.tolist(), fixed.tolist()):  # the fixed-shape form against the plain loop first
                     ref = lookup_beam(tl[:j], a.beam_n, L - 1)
-                    assert lb == ref + [-1] * (L - 1 - len(ref)), (j, lb, ref)  # the fixed-shape form first
-                    n_pos += 1
-                    plain += accepted(tl, j, bs)
-                    plus += accepted(tl, j, bs + [ref])
+                    assert lb == ref + [-1] * (L - 1 - len(ref)), (j, lb, ref)
+                # the answer's next L-1 tokens, -2 past its end: no draft (tokens, lookup padding -1) matches it
+                idx = js[:, None] + torch.arange(L - 1)
+                truth = torch.where(idx < len(t), t[idx.clamp(max=len(t) - 1)], -2)
+                n_pos += len(js)
+                plain += accepted_tokens(beams, truth).sum().item()
+                plus += accepted_tokens(torch.cat([beams.long(), fixed[:, None]], 1), truth).sum().item()
         print(f"{shape:>5} {n_pos:>9} {plain / n_pos:>19.2f} {plus / n_pos:>13.2f}")
 
 

@@ -149,6 +149,13 @@ def distill_loss(drafter, h: Tensor, emb: Tensor, th: Tensor, head: Tensor, hard
     return loss, (ce - ent).mean(0).detach(), agree
 
 
+def accepted_tokens(drafts: Tensor, truth: Tensor) -> Tensor:
+    """Tokens one greedy verify commits: 1 (the guaranteed token) + the longest prefix of any beam that
+    matches the answer. ``drafts (B, W, M)`` the tokens drafted after the guaranteed one, ``truth (B, M)``
+    the answer's next M tokens (a value no draft holds, e.g. -2, where it has ended) -> ``(B,)`` float."""
+    return 1 + (drafts.long() == truth.long()[:, None, :]).int().cumprod(-1).sum(-1).max(-1).values.float()
+
+
 def save_drafter(drafter, out: str | Path, summary: dict) -> None:
     """The drafter in bf16 and its ``training_summary.json`` into ``out``, atomically (a temporary
     folder beside it, then renames): a reader never sees half a checkpoint."""

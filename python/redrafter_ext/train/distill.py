@@ -40,6 +40,7 @@ from .. import corpus, reference
 from ..drafter import Drafter, DrafterConfig
 from .common import (
     StepLoop,
+    accepted_tokens,
     adamw,
     dataclass_from_args,
     distill_loss,
@@ -283,8 +284,7 @@ def evaluate(drafter: Drafter, seqs: Tensor, hidden: Tensor, cfg: DistillConfig,
             h = hidden[s, t]
             beams_ = drafter.beam_search(h, seqs[s, t + 1], head, W, L, reference)  # [B, W, L]
             truth = seqs[s[:, None], t[:, None] + torch.arange(1, L + 1)[None, :]]  # tokens t+1..t+L
-            match = (beams_[:, :, 1:].long() == truth[:, None, 1:]).int().cumprod(-1).sum(-1)  # [B, W]
-            acc.append(1 + match.max(-1).values.float())
+            acc.append(accepted_tokens(beams_[:, :, 1:], truth[:, 1:]))
         acc = torch.cat(acc)
         res[f"beam_tokens_per_step_W{W}_L{L}"] = acc.mean().item()
         res["beam_positions"] = len(acc)

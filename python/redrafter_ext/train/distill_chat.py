@@ -31,7 +31,16 @@ from tqdm.auto import tqdm
 from .. import reference
 from ..drafter import Drafter, DrafterConfig
 from .chat_data import ChatDataConfig, generate_chat_data, load_chat_data
-from .common import StepLoop, distill_loss, load_target, optimizer_step, save_drafter, start_job, tied_embedding
+from .common import (
+    StepLoop,
+    accepted_tokens,
+    distill_loss,
+    load_target,
+    optimizer_step,
+    save_drafter,
+    start_job,
+    tied_embedding,
+)
 
 if TYPE_CHECKING:  # distill dispatches chat targets here: a run-time import would be a cycle
     from .distill import DistillConfig
@@ -106,8 +115,7 @@ def evaluate_chat(drafter: Drafter, ev: tuple, cfg: DistillConfig, embed: torch.
             b = drafter.beam_search(hidden[s].float(), tokens[s], embed, W, L, reference)  # [B, W, L]
             truth = tokens[s[:, None] + torch.arange(L)[None, :]]  # greedy answer: tokens t+1..t+L
             # a draft only counts inside one response: positions past its end never match there
-            match = (b[:, :, 1:].long() == truth[:, None, 1:]).int().cumprod(-1).sum(-1)
-            acc.append(1 + match.max(-1).values.float())
+            acc.append(accepted_tokens(b[:, :, 1:], truth[:, 1:]))
         res[f"beam_tokens_per_step_W{W}_L{L}"] = torch.cat(acc).mean().item()
     drafter.train(was)
     return res

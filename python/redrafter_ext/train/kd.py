@@ -40,7 +40,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..drafter import Drafter, DrafterConfig
-from .common import load_target, save_drafter, start_job, tied_embedding
+from .common import accepted_tokens, load_target, save_drafter, start_job, tied_embedding
 from .teacher import Shards, parse_layers
 
 __all__ = ["KDConfig", "kd_loss", "HeldOut", "heldout_set", "evaluate_drafters", "train_kd", "add_args",
@@ -232,9 +232,7 @@ class HeldOut:
             acc = []
             for i in range(0, len(self.h), batch):
                 b = drafter.beam_search(feats[i : i + batch], self.tok0[i : i + batch], embed, W, L, ops)
-                truth = self.answer[i : i + batch, 1:L]
-                match = (b[:, :, 1:].long() == truth[:, None, :]).int().cumprod(-1).sum(-1)
-                acc.append(1 + match.max(-1).values.float())
+                acc.append(accepted_tokens(b[:, :, 1:], self.answer[i : i + batch, 1:L]))
             res[f"tokens_per_step_{W}x{L}"] = torch.cat(acc).mean().item()
         drafter.train(was)
         return res
