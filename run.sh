@@ -74,9 +74,16 @@ setup() {
   want="$want-${REDRAFTER_CUDA:-AUTO}-${REDRAFTER_TORCH:-AUTO}-${REDRAFTER_MLX:-AUTO}"
   have=$(cat "$VENV/.redrafter-build" 2>/dev/null || true)
   if [ "$want" != "$have" ] || ! python -c 'import redrafter_ext' 2>/dev/null; then
-    say "building and installing redrafter_ext (C++/CUDA kernels; ~1-2 min)"
-    python -m pip install -q --no-build-isolation --no-deps "$root"
-    echo "$want" > "$VENV/.redrafter-build"
+    # one build at a time: two ./run.sh calls would share build/ and site-packages
+    exec 9>"$VENV/.redrafter-build.lock"
+    flock 9
+    have=$(cat "$VENV/.redrafter-build" 2>/dev/null || true)
+    if [ "$want" != "$have" ] || ! python -c 'import redrafter_ext' 2>/dev/null; then
+      say "building and installing redrafter_ext (C++/CUDA kernels; ~1-2 min)"
+      python -m pip install -q --no-build-isolation --no-deps "$root"
+      echo "$want" > "$VENV/.redrafter-build"
+    fi
+    flock -u 9
   fi
 }
 

@@ -72,7 +72,7 @@ if(NOT REDRAFTER_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD 17)
     set(REDRAFTER_HAVE_CUDA ON)
     list(APPEND REDRAFTER_TORCH_SOURCES csrc/torch/ops_cuda.cpp csrc/cuda/tree_mask.cu csrc/cuda/beam_topk.cu
-         csrc/cuda/build_trie.cu csrc/cuda/verify_greedy.cu csrc/cuda/verify_sample.cu
+         csrc/cuda/build_trie.cu csrc/cuda/ngram_lookup.cu csrc/cuda/verify_greedy.cu csrc/cuda/verify_sample.cu
          csrc/cuda/kv_compact.cu csrc/cuda/kv_compact_paged.cu)
   elseif(REDRAFTER_CUDA STREQUAL "ON")
     message(FATAL_ERROR "REDRAFTER_CUDA=ON but no CUDA compiler (nvcc) was found; set CUDACXX")

@@ -122,3 +122,55 @@ def token_beams(draw, batch=None, max_w=6, max_l=6, alphabet=3, dtypes=(torch.in
     beams = torch.tensor(toks, dtype=torch.int64).reshape(B, W, L)
     beams[:, :, 0] = beams[:, :1, 0]  # every beam starts with the guaranteed token
     return beams.to(draw(st.sampled_from(dtypes))) if len(dtypes) > 1 else beams
+
+
+# ------------------------------------------------------------------------------------------------
+# ngram_lookup
+
+
+def ngram_lookup_loop(row: list[int], max_n: int, m: int) -> list[int]:
+    """The lookup rule of ``reference.ngram_lookup``, written as the loops of its docstring: the
+    longest key (at most ``max_n`` of the row's last tokens) that occurred earlier, its latest
+    occurrence, and the ``m`` tokens after it, repeated with the match's period; -1s without one."""
+    n_b = len(row)
+    for n in range(min(max_n, n_b - 1), 0, -1):
+        key = row[n_b - n :]
+        for p in range(n_b - n - 1, -1, -1):
+            if row[p : p + n] == key:
+                q = p + n
+                return [row[q + k % (n_b - q)] for k in range(m)]
+    return [-1] * m
+
+
+def ngram_lookup_expected(tokens: torch.Tensor, length: torch.Tensor, max_n: int, m: int) -> torch.Tensor:
+    """``ngram_lookup_loop`` over the rows of ``tokens (B, S)`` and ``length (B,)``: int32 ``(B, m)``."""
+    rows = [ngram_lookup_loop(tokens[b, : int(length[b])].tolist(), max_n, m) for b in range(tokens.shape[0])]
+    return torch.tensor(rows, dtype=torch.int32).reshape(tokens.shape[0], m)
+
+
+@st.composite
+def lookup_inputs(draw, max_b=4, max_s=40, alphabet=3, dtypes=(torch.int32, torch.int64)):
+    """``ngram_lookup`` arguments over a tiny alphabet (repeats are common, so matches are):
+    ``(tokens (B, S), length (B,), max_n, m)``, lengths anywhere in [0, S]."""
+    B = draw(st.integers(1, max_b))
+    S = draw(st.integers(1, max_s))
+    toks = draw(st.lists(st.integers(0, alphabet - 1), min_size=B * S, max_size=B * S))
+    length = draw(st.lists(st.integers(0, S), min_size=B, max_size=B))
+    dtype = draw(st.sampled_from(dtypes))
+    tokens = torch.tensor(toks, dtype=dtype).reshape(B, S)
+    return tokens, torch.tensor(length, dtype=draw(st.sampled_from(dtypes))), draw(st.integers(1, 5)), draw(st.integers(1, 9))
+
+
+def lookup_cases(seed: int, B: int, S: int, vocab: int, dtype=torch.int64):
+    """Random ``ngram_lookup`` histories of B rows with a few planted repeats, lengths in [0, S]."""
+    g = gen(seed)
+    tokens = torch.randint(0, vocab, (B, S), generator=g, dtype=dtype)
+    for b in range(B):  # copy a span to a later place so that long keys match too
+        if S >= 8:
+            a = int(torch.randint(0, S // 2, (1,), generator=g))
+            k = int(torch.randint(2, S // 4 + 2, (1,), generator=g))
+            dst = int(torch.randint(a + 1, S - k + 1, (1,), generator=g)) if a + 1 <= S - k else a
+            tokens[b, dst : dst + k] = tokens[b, a : a + k].clone()
+    length = torch.randint(0, S + 1, (B,), generator=g, dtype=dtype)
+    length[0] = S
+    return tokens, length

@@ -39,6 +39,14 @@ void build_trie(const I* beams, int64_t W, int64_t L, int32_t* node_token, int32
                 int32_t* node_depth, int32_t* beam_node, int32_t* num_nodes, int64_t row_begin,
                 int64_t row_end);
 
+// Prompt-lookup drafts (reference.ngram_lookup): for each batch row b in [row_begin, row_end) of
+// tokens [B, S] with length[b] in [0, S], the m tokens after the latest earlier occurrence of the
+// longest key (at most max_n of the row's last tokens), repeated with the match's period past the
+// row's end; -1s where no key of length >= 1 occurred. drafts: [B, m].
+template <typename I>
+void ngram_lookup(const I* tokens, const I* length, int64_t S, int64_t max_n, int64_t m, int32_t* drafts,
+                  int64_t row_begin, int64_t row_end);
+
 // Greedy verification of beams [B, W, L] against logits [B, n_logit_rows, V] (beam_node values in
 // [0, n_logit_rows)). target: [B, n_logit_rows] working space (argmax cache). Outputs accept_len,
 // best_beam, next_token [B] and path_nodes [B, L]; batch rows [row_begin, row_end).

@@ -37,6 +37,11 @@ cudaError_t build_trie(const void* beams, IndexType beams_type, int64_t B, int64
                        int32_t* num_nodes, cudaStream_t stream);
 int64_t build_trie_max_beam_tokens();
 
+// ngram_lookup: tokens [B, S] and length [B] (index_type) -> drafts [B, m] i32 (reference.ngram_lookup).
+// A length outside [0, S] is clamped into it.
+cudaError_t ngram_lookup(const void* tokens, const void* length, IndexType index_type, int64_t B, int64_t S,
+                         int64_t max_n, int64_t m, int32_t* drafts, cudaStream_t stream);
+
 // verify_greedy: logits [B, n_logit_rows, V] (logits_type), beams and beam_node [B, W, L]
 // (index_type) -> accept_len, best_beam, next_token [B], path_nodes [B, L], all i32. A beam_node
 // outside [0, n_logit_rows) counts as a node whose argmax is -1: acceptance stops there (and a

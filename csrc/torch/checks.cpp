@@ -59,6 +59,23 @@ void check_build_trie_inputs(const at::Tensor& beams) {
                     ": beams shape ", beams.sizes(), " gives more trie nodes than int32 can number");
 }
 
+void check_ngram_lookup_inputs(const at::Tensor& tokens, const at::Tensor& length, int64_t max_n, int64_t m) {
+  constexpr const char* op = "ngram_lookup";
+  check_dim(op, "tokens", tokens, 2, "B, S");
+  check_dim(op, "length", length, 1, "B");
+  check_index_dtype(op, "tokens", tokens);
+  check_index_dtype(op, "length", length);
+  check_same_device(op, "length", length, tokens);
+  TORCH_CHECK_VALUE(tokens.size(1) >= 1, op, ": tokens must have S >= 1 columns, got shape ", tokens.sizes());
+  TORCH_CHECK_VALUE(tokens.size(1) <= std::numeric_limits<int32_t>::max(), op, ": tokens has S = ", tokens.size(1),
+                    " columns, more than int32 can index");
+  TORCH_CHECK_VALUE(length.size(0) == tokens.size(0), op, ": length must have shape (B,) = (", tokens.size(0),
+                    ",), got ", length.sizes());
+  // the Python wrappers' bound (NGRAM_MAX): the kernels keep key and draft lengths in int32
+  TORCH_CHECK_VALUE(max_n >= 1 && max_n < 65536, op, ": max_n must be an int in [1, 65536), got ", max_n);
+  TORCH_CHECK_VALUE(m >= 1 && m < 65536, op, ": m must be an int in [1, 65536), got ", m);
+}
+
 void check_verify_greedy_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node) {
   constexpr const char* op = "verify_greedy";
   check_dim(op, "logits", logits, 3, "B, N, V");
@@ -181,6 +198,17 @@ BuildTrieArgs prepare_build_trie(const at::Tensor& beams_in) {
   a.node_depth = at::empty({a.B, a.N}, i32);
   a.beam_node = at::empty({a.B, a.W, a.L}, i32);
   a.num_nodes = at::empty({a.B}, i32);
+  return a;
+}
+
+NgramLookupArgs prepare_ngram_lookup(const at::Tensor& tokens_in, const at::Tensor& length_in, int64_t m) {
+  NgramLookupArgs a;
+  a.idx = common_index_type(tokens_in, length_in);
+  a.tokens = tokens_in.to(a.idx).contiguous();
+  a.length = length_in.to(a.idx).contiguous();
+  a.B = tokens_in.size(0);
+  a.S = tokens_in.size(1);
+  a.drafts = at::empty({a.B, m}, a.tokens.options().dtype(at::kInt));
   return a;
 }
 

@@ -64,6 +64,7 @@ void check_tree_mask_inputs(const at::Tensor& node_parent, const at::Tensor& num
 void check_beam_topk_inputs(const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& tokens,
                             const at::Tensor& state, int64_t step);
 void check_build_trie_inputs(const at::Tensor& beams);
+void check_ngram_lookup_inputs(const at::Tensor& tokens, const at::Tensor& length, int64_t max_n, int64_t m);
 void check_verify_greedy_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node);
 void check_verify_sample_inputs(const at::Tensor& logits, const at::Tensor& beams, const at::Tensor& beam_node,
                                 const at::Tensor& accept_u, const at::Tensor& sample_u, double temperature,
@@ -128,6 +129,15 @@ struct BuildTrieArgs {
   }
 };
 BuildTrieArgs prepare_build_trie(const at::Tensor& beams);
+
+// ngram_lookup: tokens and length contiguous in their common index type idx, and the int32 output
+// drafts [B, m], allocated.
+struct NgramLookupArgs {
+  at::Tensor tokens, length, drafts;
+  at::ScalarType idx;
+  int64_t B, S;
+};
+NgramLookupArgs prepare_ngram_lookup(const at::Tensor& tokens, const at::Tensor& length, int64_t m);
 
 // verify_greedy / verify_sample: logits contiguous, beams and beam_node contiguous in their common
 // index type idx, sizes (n_logit_rows = logits.size(1)), and the four int32 outputs, allocated.

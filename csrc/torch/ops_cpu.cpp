@@ -162,6 +162,28 @@ Tensors5 build_trie_cpu(const at::Tensor& beams_in) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// ngram_lookup
+
+at::Tensor ngram_lookup_cpu(const at::Tensor& tokens_in, const at::Tensor& length_in, int64_t max_n, int64_t m) {
+  check_ngram_lookup_inputs(tokens_in, length_in, max_n, m);
+  TORCH_CHECK_VALUE(tokens_in.is_cpu(), "ngram_lookup: tokens must be a CPU tensor for the CPU kernel");
+  const NgramLookupArgs a = prepare_ngram_lookup(tokens_in, length_in, m);
+  AT_DISPATCH_INDEX_TYPES(a.idx, "ngram_lookup", [&] {
+    const index_t* len = a.length.const_data_ptr<index_t>();
+    for (int64_t b = 0; b < a.B; ++b) {
+      const int64_t n = static_cast<int64_t>(len[b]);
+      TORCH_CHECK_VALUE(n >= 0 && n <= a.S, "ngram_lookup: length[", b, "] = ", n, " is outside [0, S=", a.S, "]");
+    }
+    const index_t* t = a.tokens.const_data_ptr<index_t>();
+    const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, a.S * max_n));
+    at::parallel_for(0, a.B, grain, [&](int64_t b0, int64_t b1) {
+      cpu::ngram_lookup<index_t>(t, len, a.S, max_n, m, a.drafts.mutable_data_ptr<int32_t>(), b0, b1);
+    });
+  });
+  return a.drafts;
+}
+
+// ---------------------------------------------------------------------------------------------
 // verify_greedy
 
 // Every beam_node value must be a node of logits (dim 1, n_logit_rows nodes); `also(k)` then checks more of

@@ -70,6 +70,19 @@ Tensors5 build_trie_cuda(const at::Tensor& beams_in) {
   return a.outputs();
 }
 
+// ngram_lookup: metadata checks only (reading length on the host would synchronise); the kernel
+// clamps a length outside [0, S] into it.
+at::Tensor ngram_lookup_cuda(const at::Tensor& tokens_in, const at::Tensor& length_in, int64_t max_n, int64_t m) {
+  check_ngram_lookup_inputs(tokens_in, length_in, max_n, m);
+  check_on_cuda("ngram_lookup", "tokens", tokens_in);
+  DeviceGuard guard(tokens_in);
+  const NgramLookupArgs a = prepare_ngram_lookup(tokens_in, length_in, m);
+  check_cuda(cuda::ngram_lookup(a.tokens.const_data_ptr(), a.length.const_data_ptr(), index_type(a.idx), a.B, a.S,
+                                max_n, m, a.drafts.mutable_data_ptr<int32_t>(), current_stream(a.tokens)),
+             "ngram_lookup");
+  return a.drafts;
+}
+
 Tensors4 verify_greedy_cuda(const at::Tensor& logits_in, const at::Tensor& beams_in,
                             const at::Tensor& beam_node_in) {
   check_verify_greedy_inputs(logits_in, beams_in, beam_node_in);

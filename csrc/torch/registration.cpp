@@ -6,6 +6,8 @@ TORCH_LIBRARY(redrafter, m) {
   m.def("tree_mask(Tensor node_parent, Tensor num_nodes, bool packed=False) -> Tensor");
   m.def("beam_topk(Tensor logits, Tensor scores, Tensor tokens, Tensor state, int step) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("build_trie(Tensor beams) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // prompt lookup: drafts [B, m] int32 from each row's history tokens [B, S] up to length [B]
+  m.def("ngram_lookup(Tensor tokens, Tensor length, int max_n, int m) -> Tensor");
   m.def("verify_greedy(Tensor logits, Tensor beams, Tensor beam_node) -> (Tensor, Tensor, Tensor, Tensor)");
   // exact sampling: uniforms come in as tensors (accept_u [B, L-1, W], sample_u [B], float32)
   m.def(

@@ -8,6 +8,7 @@
   m.impl("tree_mask", &tree_mask_##device);               \
   m.impl("beam_topk", &beam_topk_##device);               \
   m.impl("build_trie", &build_trie_##device);             \
+  m.impl("ngram_lookup", &ngram_lookup_##device);         \
   m.impl("verify_greedy", &verify_greedy_##device);       \
   m.impl("verify_sample", &verify_sample_##device);       \
   m.impl("kv_compact", &kv_compact_##device);             \

@@ -47,6 +47,10 @@ def check_build_trie(beams: Tensor) -> None:
     _TORCH.build_trie(beams)
 
 
+def check_ngram_lookup(tokens: Tensor, length: Tensor, max_n: int, m: int) -> None:
+    _TORCH.ngram_lookup(tokens, length, max_n, m)
+
+
 def check_tree_mask(node_parent: Tensor, num_nodes: Tensor) -> None:
     _TORCH.tree_mask(node_parent, num_nodes)
 

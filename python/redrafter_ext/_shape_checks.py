@@ -14,7 +14,10 @@ from typing import Any
 from ._scalar_checks import check_int, check_sampling
 
 # The six ops every backend has (the torch one adds kv_compact_paged), in pipeline order.
-OPS = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact")
+OPS = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample", "kv_compact", "ngram_lookup")
+
+#: the largest key length and draft length ``ngram_lookup`` takes (the kernels keep them in int32)
+NGRAM_MAX = 1 << 16
 
 
 def num_nodes_max(beam_width: int, beam_length: int) -> int:
@@ -151,6 +154,16 @@ class ArrayChecks:
         if node_parent.shape[1] < 1:
             raise ValueError(f"{op}: node_parent must have N >= 1 nodes, got shape {tuple(node_parent.shape)}")
         self.shape(op, "num_nodes", num_nodes, node_parent.shape[:1], "B")
+
+    def ngram_lookup(self, tokens: Any, length: Any, max_n: int, m: int) -> None:
+        op = "ngram_lookup"
+        self.array(op, "tokens", tokens, "B, S", self.int_dtypes)
+        self.array(op, "length", length, "B", self.int_dtypes, self.device_of(tokens))
+        if tokens.shape[1] < 1:
+            raise ValueError(f"{op}: tokens must have S >= 1 columns, got shape {tuple(tokens.shape)}")
+        self.shape(op, "length", length, tokens.shape[:1], "B")
+        check_int(op, "max_n", max_n, 1, NGRAM_MAX)
+        check_int(op, "m", m, 1, NGRAM_MAX)
 
     def verify(self, op: str, logits: Any, beams: Any, beam_node: Any) -> None:
         """The checks ``verify_greedy`` and ``verify_sample`` share; ``op`` names the op in messages."""

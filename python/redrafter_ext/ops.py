@@ -23,6 +23,7 @@ from ._checks import (
     check_build_trie,
     check_kv_compact,
     check_kv_compact_paged,
+    check_ngram_lookup,
     check_sampling_args,
     check_skinny_linear,
     check_tree_mask,
@@ -104,6 +105,25 @@ def build_trie(beams: Tensor) -> tuple[Tensor, ...]:
         [[0, 1, 2], [0, 1, 3], [0, 4, 5]]
     """
     return torch.ops.redrafter.build_trie(beams)
+
+
+def ngram_lookup(tokens: Tensor, length: Tensor, max_n: int, m: int) -> Tensor:
+    """Prompt-lookup drafts (native kernel): ``reference.ngram_lookup``'s contract. The CPU kernel
+    raises on a ``length`` outside ``[0, S]``; the CUDA kernel, which reads no value on the host,
+    clamps it into that range.
+
+    Examples:
+        >>> tokens = torch.tensor([[4, 5, 6, 7, 4, 5, 0], [1, 2, 1, 2, 0, 0, 0]])
+        >>> ngram_lookup(tokens, torch.tensor([6, 4]), max_n=2, m=3).tolist()
+        [[6, 7, 4], [1, 2, 1]]
+    """
+    return torch.ops.redrafter.ngram_lookup(tokens, length, max_n, m)
+
+
+@torch.library.register_fake("redrafter::ngram_lookup")
+def _ngram_lookup_fake(tokens: Tensor, length: Tensor, max_n: int, m: int) -> Tensor:
+    check_ngram_lookup(tokens, length, max_n, m)
+    return tokens.new_empty((tokens.shape[0], m), dtype=torch.int32)
 
 
 @torch.library.register_fake("redrafter::build_trie")

@@ -16,7 +16,7 @@ import torch
 
 # stage names in pipeline order; "draft_rnn" is the drafter's time minus its beam_topk calls
 STAGES = ("draft_rnn", "beam_topk", "trie", "verify", "kv_compact", "commit")
-_OP_STAGE = {"beam_topk": "beam_topk", "build_trie": "trie", "tree_mask": "trie", "verify_greedy": "verify",
+_OP_STAGE = {"beam_topk": "beam_topk", "build_trie": "trie", "tree_mask": "trie", "ngram_lookup": "trie", "verify_greedy": "verify",
              "verify_sample": "verify", "kv_compact": "kv_compact", "kv_compact_paged": "kv_compact"}
 
 

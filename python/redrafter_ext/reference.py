@@ -25,6 +25,7 @@ from ._checks import (
     check_build_trie,
     check_kv_compact,
     check_kv_compact_paged,
+    check_ngram_lookup,
     check_skinny_linear,
     check_tree_mask,
     check_verify_greedy,
@@ -186,6 +187,54 @@ def tree_mask(node_parent: Tensor, num_nodes: Tensor, packed: bool = False) -> T
     # fold bit 31 into the sign so the word is the int32 with exactly these bits
     packed_words = torch.where(packed_words >= 2**31, packed_words - 2**32, packed_words)
     return packed_words.to(torch.int32)
+
+
+def ngram_lookup(tokens: Tensor, length: Tensor, max_n: int, m: int) -> Tensor:
+    """Prompt-lookup drafts: the ``m`` tokens that followed the latest earlier occurrence of each
+    row's last tokens (the lookup beam of ``decode_step``; docs/lookup.md).
+
+    For row b with ``n_b = length[b]`` tokens ``t = tokens[b, :n_b]``: for key lengths
+    ``n = min(max_n, n_b - 1)`` down to 1, the key is ``t[n_b-n:]`` and an occurrence is a start
+    ``p`` in ``[0, n_b-n-1]`` with ``t[p:p+n] == key`` (it may overlap the key); the first key
+    length with an occurrence wins, and its largest ``p``. With ``q = p + n`` and the period
+    ``d = n_b - q >= 1``, ``drafts[b, k] = t[q + k % d]``: the continuation, repeated with the
+    period of the match where it reaches the end of the row. A row without an occurrence (or
+    with ``n_b <= 1``) gets -1 everywhere.
+
+    Args:
+        tokens: ``(B, S)`` int32/int64, each row's history; only ``tokens[b, :length[b]]`` is read,
+            and its values are only compared and copied.
+        length: ``(B,)`` int32/int64, in ``[0, S]``.
+        max_n: the longest key, ``>= 1``.
+        m: drafts per row, ``>= 1``.
+
+    Returns:
+        ``(B, m)`` int32 drafts, -1 for rows without an occurrence.
+    """
+    check_ngram_lookup(tokens, length, max_n, m)
+    B, S = tokens.shape
+    dev = tokens.device
+    torch._assert_async(((length >= 0) & (length <= S)).all(), f"ngram_lookup: length must be in [0, S={S}]")
+    t = tokens.to(torch.int64)
+    n_b = length.to(torch.int64).clamp(0, S)[:, None]  # [B, 1]
+    end = torch.arange(S, device=dev)[None, :]  # an occurrence's last position e = p + n - 1
+    # run[b, e]: how many trailing tokens ending at e equal those ending at n_b - 1 (at most max_n)
+    still = torch.ones(B, S, dtype=torch.bool, device=dev)
+    run = torch.zeros(B, S, dtype=torch.int64, device=dev)
+    for j in range(min(max_n, S)):
+        a = t.gather(1, (end - j).clamp(min=0).expand(B, S))
+        b = t.gather(1, (n_b - 1 - j).clamp(min=0))
+        still = still & (end - j >= 0) & (n_b - 1 - j >= 0) & (a == b)
+        run = run + still
+    # the longest key, then the latest occurrence: one max over run * (S + 1) + e; e <= n_b - 2
+    # leaves a continuation token before the key's last one
+    score = torch.where(end <= n_b - 2, run * (S + 1) + end, 0)
+    best = score.amax(dim=1, keepdim=True)
+    found = best >= S + 1
+    q = best % (S + 1) + 1
+    period = (n_b - q).clamp(min=1)
+    idx = q + torch.arange(m, device=dev)[None, :] % period
+    return torch.where(found, t.gather(1, idx.clamp(0, S - 1)), -1).to(torch.int32)
 
 
 def _assert_beam_values(op: str, logits: Tensor, beams: Tensor, beam_node: Tensor) -> None:
