@@ -12,7 +12,18 @@ import math
 
 import pytest
 import torch
-from cases import assert_same, beam_inputs, gen, greedy_logits, kv_inputs, shared_beams, trie_beams
+from cases import (
+    assert_same,
+    beam_inputs,
+    gen,
+    greedy_logits,
+    kv_inputs,
+    lookup_cases,
+    lookup_inputs,
+    ngram_lookup_expected,
+    shared_beams,
+    trie_beams,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -282,6 +293,44 @@ def test_kv_compact_hypothesis(B, L, seed, dtype):
 
 
 # ------------------------------------------------------------------------------------------------
+# ngram_lookup
+
+
+@SETTINGS
+@given(lookup_inputs())
+def test_ngram_lookup_hypothesis(args):
+    got = ops.ngram_lookup(*args)
+    assert_same([got], [ref.ngram_lookup(*args)], "ngram_lookup")
+    assert torch.equal(got, ngram_lookup_expected(*args))
+
+
+@pytest.mark.parametrize("B,S,vocab", [(1, 1, 3), (3, 2, 3), (7, 33, 5), (3, 300, 111), (1, 2048, 32000),
+                                       (7, 257, 128256)])
+@pytest.mark.parametrize("max_n,m", [(1, 1), (2, 3), (4, 7)])
+def test_ngram_lookup_sizes(B, S, vocab, max_n, m):
+    for dtype in (torch.int32, torch.int64):
+        tokens, length = lookup_cases(B * S + max_n, B, S, vocab, dtype)
+        exp = ngram_lookup_expected(tokens, length, max_n, m)
+        assert_same([ops.ngram_lookup(tokens, length, max_n, m)], [exp], "ngram_lookup")
+        assert_same([ref.ngram_lookup(tokens, length.to(torch.int32), max_n, m)], [exp], "ngram_lookup", "reference")
+
+
+def test_ngram_lookup_rule():
+    # the longest key wins over a later shorter one; the latest occurrence among equals; the period
+    t = torch.tensor([[1, 2, 3, 9, 2, 3, 5, 1, 2, 3, 0], [7, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0], [4, 5, 6, 0, 0, 0, 0, 0, 0, 0, 0]])
+    length = torch.tensor([10, 4, 3])
+    assert ops.ngram_lookup(t, length, 3, 4).tolist() == [[9, 2, 3, 5], [7, 7, 7, 7], [-1, -1, -1, -1]]
+    assert ops.ngram_lookup(t, length, 2, 2).tolist() == [[5, 1], [7, 7], [-1, -1]]  # key (2, 3): latest at 4
+    assert ops.ngram_lookup(t, torch.tensor([0, 1, 0]), 2, 2).tolist() == [[-1, -1]] * 3
+
+
+def test_ngram_lookup_empty_batch():
+    t, n = torch.zeros(0, 5, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    for f in (ops.ngram_lookup, ref.ngram_lookup):
+        assert f(t, n, 2, 3).shape == (0, 3)
+
+
+# ------------------------------------------------------------------------------------------------
 # registration: opcheck, NATIVE_OPS, docstrings
 
 
@@ -301,6 +350,8 @@ def opcheck_samples():
         ("verify_greedy", (logits.to(torch.float16), beams.to(torch.int32), beam_node.to(torch.int64))),
         ("kv_compact", (kv, cache_len, path, acc)),
         ("kv_compact", (kv.to(torch.float16), cache_len, path.to(torch.int32), acc.to(torch.int32))),
+        ("ngram_lookup", (*lookup_cases(16, 3, 40, 5), 2, 4)),
+        ("ngram_lookup", (*lookup_cases(17, 1, 9, 3, torch.int32), 3, 1)),
     ]
 
 
@@ -311,7 +362,7 @@ def test_opcheck(name, args):
 
 def test_all_ops_native():
     assert set(ops.NATIVE_OPS) == {"tree_mask", "beam_topk", "build_trie", "verify_greedy", "verify_sample", "kv_compact",
-                                   "kv_compact_paged"}
+                                   "kv_compact_paged", "ngram_lookup"}
     for name in ops.NATIVE_OPS:
         assert getattr(ops, name) is not getattr(ref, name)
 
@@ -335,7 +386,8 @@ def _good():
     kv[2][0, :4] = torch.tensor([0, 1, 2, 3])
     kv[2][1, :3] = torch.tensor([0, 2, 3])
     kv[1][:] = torch.tensor([6, 0], dtype=torch.int32)
-    return beam, beams, (logits, beams, beam_node), kv
+    tokens, length = lookup_cases(24, 2, 12, 4)
+    return beam, beams, (logits, beams, beam_node), kv, (tokens, length, 2, 3)
 
 
 META = torch.device("meta")
@@ -407,13 +459,26 @@ def _bad_cases():
     add("kv_compact", 3, lambda x: x.to(META), V, "accept_len is on meta")
     add("kv_compact", 3, lambda x: torch.tensor([4, 0]), V, r"accept_len\[0\] = 4")
     add("kv_compact", 3, lambda x: torch.tensor([0, -2]), V, r"accept_len\[1\] = -2")
+    # ngram_lookup(tokens, length, max_n, m)
+    add("ngram_lookup", 0, lambda x: x[0], V, "tokens must have 2 dims")
+    add("ngram_lookup", 0, lambda x: x.float(), T, "tokens must have dtype")
+    add("ngram_lookup", 0, lambda x: x[:, :0], V, "tokens must have S >= 1")
+    add("ngram_lookup", 1, lambda x: x.to(META), V, "length is on meta")
+    add("ngram_lookup", 1, lambda x: x.float(), T, "length must have dtype")
+    add("ngram_lookup", 1, lambda x: x[:1], V, "length must have shape")
+    add("ngram_lookup", 1, lambda x: torch.tensor([3, 13]), V, r"length\[1\] = 13")
+    add("ngram_lookup", 1, lambda x: torch.tensor([-1, 2]), V, r"length\[0\] = -1")
+    add("ngram_lookup", 2, lambda x: 0, V, "max_n must be")
+    add("ngram_lookup", 3, lambda x: 0, V, "m must be")
+    add("ngram_lookup", 3, lambda x: 1 << 16, V, "m must be")
     return cases
 
 
 @pytest.mark.parametrize("op,i,fn,exc,pattern", _bad_cases())
 def test_bad_inputs(op, i, fn, exc, pattern):
-    beam, beams, verify, kv = _good()
-    args = list({"beam_topk": beam, "build_trie": (beams,), "verify_greedy": verify, "kv_compact": kv}[op])
+    beam, beams, verify, kv, lookup = _good()
+    args = list({"beam_topk": beam, "build_trie": (beams,), "verify_greedy": verify, "kv_compact": kv,
+                 "ngram_lookup": lookup}[op])
     args[i] = fn(args[i])
     before = [a.clone() if isinstance(a, torch.Tensor) and a.device.type != "meta" else a for a in args]
     with pytest.raises(exc, match=f"{op}: .*{pattern}|{op}: {pattern}"):
@@ -436,8 +501,9 @@ def _parity_cases():
 def test_reference_rejects_what_native_rejects(op, i, fn, exc, pattern):
     # the reference is the oracle: same contract. Metadata errors are the same exceptions (shared
     # checks); a bad value is a device-side assert there (RuntimeError on the CPU, no host sync).
-    beam, beams, verify, kv = _good()
-    args = list({"beam_topk": beam, "build_trie": (beams,), "verify_greedy": verify, "kv_compact": kv}[op])
+    beam, beams, verify, kv, lookup = _good()
+    args = list({"beam_topk": beam, "build_trie": (beams,), "verify_greedy": verify, "kv_compact": kv,
+                 "ngram_lookup": lookup}[op])
     args[i] = fn(args[i])
     meta = any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args)
     with pytest.raises((exc, RuntimeError) if not meta else exc, match=f"{op}: "):
@@ -460,7 +526,7 @@ def test_bad_tree_values_rejected_by_native_and_reference():
 
 
 def test_bad_beam_values_rejected_by_native_and_reference():
-    _, beams, (logits, _, beam_node), _ = _good()
+    _, beams, (logits, _, beam_node), _, _ = _good()
     u, su = torch.rand(2, 3, 4), torch.rand(2)
     for op, args in [("verify_greedy", ()), ("verify_sample", (u, su, 1.0))]:
         for bad_node in (13, -1, 10**6):
