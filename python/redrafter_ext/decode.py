@@ -2,6 +2,7 @@
 
 One step, for B rows at once (W beams of L tokens, N = 1 + W*(L-1) trie nodes):
     beams      = drafter.beam_search(hidden, token)              # (B, W, L), beams[:, :, 0] = token
+                 (lookup > 0: + one prompt-lookup beam, ops.ngram_lookup over state.history: W+1 beams)
     trie       = ops.build_trie(beams)                           # (B, N) tokens/parents/depths
     mask       = ops.tree_mask(parent, num_nodes)                # (B, N, N) ancestor-or-self
     logits, h  = target(trie tokens, cache_len + depth, mask)    # (B, N, V), writes K/V at cache_len+n
@@ -44,8 +45,8 @@ from ._generate_common import (
     run_policy,
     run_until_done,
 )
-from ._scalar_checks import check_sampling
-from ._shape_checks import num_nodes_max
+from ._scalar_checks import check_int, check_sampling
+from ._shape_checks import NGRAM_MAX, num_nodes_max
 from .models import PagedKV
 from .policy import SpeculationPolicy
 from .profiling import StageTimer
@@ -130,6 +131,9 @@ class DecodeState:
     eos_id     int | None   every row's EOS unless ``eos``
     limit      (B,) int32   per-row limit on generated tokens, <= max_new_tokens (default: max_new_tokens)
     eos        (B,) int32   per-row EOS id, -1 for none (default: eos_id)
+    history    (B, S) int32 or None  the token of every cache slot: ``history[b, :cache_len[b]]`` is the
+               row's prompt + committed tokens (slots past it are scratch). Needed by the lookup beam
+               (``decode_step(lookup=n)``); every step keeps it current when present
     """
 
     kv: Tensor | PagedKV
@@ -145,6 +149,7 @@ class DecodeState:
     eos_id: int | None = None
     limit: Tensor | None = None
     eos: Tensor | None = None
+    history: Tensor | None = None
 
     def __post_init__(self) -> None:
         # per-row limits from the batch-wide ones (rows admitted later set their own, serving.Batch)
@@ -167,10 +172,11 @@ class DecodeState:
         else:
             ops.kv_compact(self.kv, self.cache_len, path_nodes, last)
 
-    def check(self, target, beam_width: int, beam_length: int) -> None:
+    def check(self, target, beam_width: int, beam_length: int, lookup: int = 0) -> None:
         """Metadata checks of every field (no tensor values are read), before anything is written."""
         op = "decode_step"
         check_beam_shape(op, beam_width, beam_length)
+        check_int(op, "lookup", lookup, 0, NGRAM_MAX)
         if isinstance(self.kv, PagedKV):
             pages = check_tensor(op, "state.kv.pages", self.kv.pages, "n_layers, num_blocks, 2, H_kv, block_size, D",
                                  FLOAT_DTYPES)
@@ -188,20 +194,37 @@ class DecodeState:
         for name in ("cache_len", "token", "num_out", "steps", "nodes", "limit", "eos"):
             check_tensor(op, f"state.{name}", getattr(self, name), "B", (torch.int32,), dev)
         check_tensor(op, "state.done", self.done, "B", (torch.bool,), dev)
+        if lookup and self.history is None:
+            raise ValueError(f"{op}: lookup={lookup} needs state.history, the (B, S) int32 tokens of the cache "
+                             "slots (generate allocates it when lookup > 0)")
+        if self.history is not None:
+            check_tensor(op, "state.history", self.history, "B, S", (torch.int32,), dev)
+            if self.history.shape[1] != S:
+                raise ValueError(f"{op}: state.history must have S = {S} columns (one per cache slot), "
+                                 f"got shape {tuple(self.history.shape)}")
         batches = {"state.kv": kv_batch, "state.hidden": self.hidden.shape[0], "state.out": self.out.shape[0]}
         for name in ("cache_len", "token", "num_out", "done", "steps", "nodes", "limit", "eos"):
             batches[f"state.{name}"] = getattr(self, name).shape[0]
-        check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id, beam_width,
-                          beam_length, S, self.out.shape[1])
+        if self.history is not None:
+            batches["state.history"] = self.history.shape[0]
+        check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id,
+                          beam_width + _lookup_beams(lookup, beam_length), beam_length, S, self.out.shape[1])
 
 
 @torch.no_grad()
 def decode_step(
     target, drafter, state: DecodeState, *, beam_width: int, beam_length: int, ops: ModuleType | None = None,
     timer: StageTimer | None = None, sampling: SamplingParams | None = None,
-    uniforms: tuple[Tensor, Tensor] | None = None, check_room: bool = True,
+    uniforms: tuple[Tensor, Tensor] | None = None, check_room: bool = True, lookup: int = 0,
 ) -> Tensor:
     """One ReDrafter step for every row, in place on ``state``. Never synchronises with the host.
+
+    Lookup beam (``lookup = n > 0``, L > 1): beside the drafter's W beams, one more beam proposes
+    the L-1 tokens that followed the latest earlier occurrence of the row's last (at most n)
+    tokens in ``state.history`` (prompt + output: ``ops.ngram_lookup``), or, where none occurred,
+    a copy of beam 0 (which the trie merges away). The trie then has up to ``N = 1 + (W+1)*(L-1)``
+    nodes. Verification treats it like any beam, so greedy output stays the target's and sampling
+    stays exact (every draft is a point-mass proposal; docs/lookup.md).
 
     Cache room: the fixed-shape tree forward writes ``N = 1 + W*(L-1)`` K/V slots from
     ``cache_len[b]`` in every row, finished rows included, so each row needs
@@ -223,37 +246,58 @@ def decode_step(
         timer: optional ``StageTimer`` (adds synchronisation on GPUs; for profiling only).
         sampling: None or a greedy ``SamplingParams`` for greedy acceptance (``verify_greedy``);
             otherwise exact sampling (``verify_sample``) with uniforms from ``sampling.generator``.
-        uniforms: optional ``(accept_u (B, L-1, W), sample_u (B,))`` float32 to use instead of
-            drawing them (tests, replay); requires a non-greedy ``sampling``.
+        uniforms: optional ``(accept_u (B, L-1, W'), sample_u (B,))`` float32 to use instead of
+            drawing them (tests, replay), W' = W + 1 with a lookup beam; requires a non-greedy
+            ``sampling``.
         check_room: assert the cache room on the device (above); pass False only when the caller
             has proved it on the host, as ``generate`` does.
+        lookup: the lookup beam's longest key (0: no lookup beam); needs ``state.history``.
 
     Returns:
         ``(B,)`` int32 tokens committed by this step per row (0 for finished rows).
     """
     ops = ops or default_ops()
-    state.check(target, beam_width, beam_length)
+    state.check(target, beam_width, beam_length, lookup)
     if check_room:
-        _check_overflow(state, num_nodes_max(beam_width, beam_length))
+        _check_overflow(state, num_nodes_max(beam_width + _lookup_beams(lookup, beam_length), beam_length))
     if isinstance(state.kv, PagedKV) and getattr(ops, "kv_compact_paged", None) is None:
         raise ValueError(f"decode_step: ops {getattr(ops, '__name__', ops)!r} has no kv_compact_paged (paged cache)")
     if uniforms is not None and (sampling is None or sampling.greedy):
         raise ValueError("decode_step: uniforms are only used with sampling (temperature > 0)")
     if timer is None:
-        return _step(target, drafter, state, beam_width, beam_length, ops, sampling, uniforms)
+        return _step(target, drafter, state, beam_width, beam_length, ops, sampling, uniforms, lookup)
     # profiling hooks wrap the models and ops from outside; the step itself is the same
     target, drafter, ops = timer.hooks(target, drafter, ops)
     with timer.section("step"):
-        return _step(target, drafter, state, beam_width, beam_length, ops, sampling, uniforms)
+        return _step(target, drafter, state, beam_width, beam_length, ops, sampling, uniforms, lookup)
+
+
+def _lookup_beams(lookup: int, L: int) -> int:
+    """How many beams the lookup adds: one when it is on and there is something to draft."""
+    return 1 if lookup > 0 and L > 1 else 0
+
+
+def _with_lookup_beam(state: DecodeState, beams: Tensor, lookup: int, ops) -> Tensor:
+    """``beams (B, W, L)`` + the prompt-lookup beam: ``(B, W+1, L)`` int32."""
+    L = beams.shape[2]
+    hist = state.history
+    # the key ends with the guaranteed token: put it in its slot (the commit writes the same token there)
+    hist.scatter_(1, state.cache_len[:, None].to(torch.int64), state.token[:, None])
+    drafts = ops.ngram_lookup(hist, state.cache_len + 1, lookup, L - 1)  # [B, L-1], -1: no occurrence
+    drafts = torch.where(drafts[:, :1] >= 0, drafts, beams[:, 0, 1:].to(torch.int32))
+    extra = torch.cat([state.token[:, None], drafts], dim=1)
+    return torch.cat([beams.to(torch.int32), extra[:, None]], dim=1)
 
 
 def _step(target, drafter, state: DecodeState, W: int, L: int, ops, sampling: SamplingParams | None,
-          uniforms: tuple[Tensor, Tensor] | None) -> Tensor:
+          uniforms: tuple[Tensor, Tensor] | None, lookup: int = 0) -> Tensor:
     """``decode_step`` after its checks."""
     if L == 1:  # nothing to draft: a plain decoding step, exactly autoregressive_generate's
         return _ar_step(target, state, sampling, None if uniforms is None else uniforms[1])
     # 1-3: draft, merge into a trie, build the ancestor mask
     beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
+    if lookup:
+        beams = _with_lookup_beam(state, beams, lookup, ops)  # [B, W+1, L]
     node_token, node_parent, node_depth, beam_node, num_nodes = ops.build_trie(beams)
     mask = ops.tree_mask(node_parent, num_nodes)  # [B, N, N]
     # 4-5: verify the whole trie in one target forward (K/V land at cache_len + node), then accept
@@ -262,9 +306,9 @@ def _step(target, drafter, state: DecodeState, W: int, L: int, ops, sampling: Sa
     if sampling is None or sampling.greedy:
         verified = Verified(*ops.verify_greedy(logits, beams, beam_node))
     else:
-        B = beams.shape[0]
+        B, Wb = beams.shape[:2]
         if uniforms is None:
-            uniforms = (sampling.rand(B, L - 1, W, device=logits.device), sampling.rand(B, device=logits.device))
+            uniforms = (sampling.rand(B, L - 1, Wb, device=logits.device), sampling.rand(B, device=logits.device))
         verified = Verified(*ops.verify_sample(logits, beams, beam_node, uniforms[0], uniforms[1],
                                                float(sampling.temperature), int(sampling.top_k),
                                                float(sampling.top_p)))
@@ -300,6 +344,9 @@ def _commit(state: DecodeState, beams: Tensor, v: Verified, hidden: Tensor, num_
     n_commit = torch.where(state.done, 0, n_commit).to(torch.int32)
     last = n_commit - 1  # index of the last committed path position, -1 for inactive rows
 
+    if state.history is not None:  # the whole path at its slots: those past the new cache_len are scratch
+        state.history.scatter_(1, (state.cache_len[:, None] + i[None, :]).to(torch.int64), path_tokens.to(torch.int32))
+
     # 6: keep only the committed path's K/V; cache_len += n_commit
     state.compact(ops, v.path_nodes, last)
 
@@ -327,7 +374,7 @@ def _finished(state: DecodeState, committed: Tensor, last_token: Tensor) -> Tens
 
 
 def _stepper(target, drafter, state: DecodeState, ops, timer: StageTimer | None,
-             sampling: SamplingParams | None) -> Callable[[int, int], None]:
+             sampling: SamplingParams | None, lookup: int = 0) -> Callable[[int, int], None]:
     """``step(W, L)``: ``decode_step`` on generate's own state, its metadata checked at the first
     step of each shape only (generate allocated the state and nothing reshapes it between steps;
     the checks cost 27 us, 0.7% of the small model's plain decoding step)."""
@@ -338,19 +385,19 @@ def _stepper(target, drafter, state: DecodeState, ops, timer: StageTimer | None,
         if timer is not None or (W, L) not in checked:
             # check_room=False: _start proved S >= prompt + max_new_tokens + N, which bounds every cache_len
             decode_step(target, drafter, state, beam_width=W, beam_length=L, ops=ops, timer=timer,
-                        sampling=sampling, check_room=False)
+                        sampling=sampling, check_room=False, lookup=lookup)
             checked.add((W, L))
         else:
-            _step(target, drafter, state, W, L, ops, sampling, None)
+            _step(target, drafter, state, W, L, ops, sampling, None, lookup)
 
     return step
 
 
 def _run_policy(target, drafter, state: DecodeState, policy: SpeculationPolicy, check_every: int,
-                ops, timer: StageTimer | None, sampling: SamplingParams | None) -> GenerateOutput:
+                ops, timer: StageTimer | None, sampling: SamplingParams | None, lookup: int = 0) -> GenerateOutput:
     """generate's loop under a ``SpeculationPolicy``: at each read, the rows' progress and the wall
     clock since the last read update the policy, which picks (W, L) for the next window."""
-    calls = run_policy(_stepper(target, drafter, state, ops, timer, sampling), lambda: _progress(state), policy,
+    calls = run_policy(_stepper(target, drafter, state, ops, timer, sampling, lookup), lambda: _progress(state), policy,
                        sampling, state.max_new_tokens, check_every, state.eos_id is not None,
                        batch=state.token.shape[0])
     return _finish(state, calls)
@@ -367,6 +414,8 @@ def _ar_step(target, state: DecodeState, sampling: SamplingParams | None, sample
     logits, hidden = target(tok[:, None], state.cache_len[:, None], ones, state.cache_len, state.kv)
     dst = torch.where(active, state.num_out, state.out.shape[1] - 1).to(torch.int64)
     state.out.scatter_(1, dst[:, None], tok[:, None])
+    if state.history is not None:  # an inactive row's slot at cache_len is scratch
+        state.history.scatter_(1, state.cache_len[:, None].to(torch.int64), tok[:, None])
     a = active.to(torch.int32)
     state.cache_len.add_(a)
     state.num_out.add_(a)
@@ -398,9 +447,9 @@ def _prepare_prompts(target, prompts: Sequence[Sequence[int]] | Tensor, device,
 
 @torch.no_grad()
 def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None,
-           sampling: SamplingParams | None = None, paged_kv: PagedKV | None = None):
+           sampling: SamplingParams | None = None, paged_kv: PagedKV | None = None, history: bool = False):
     """Validate, allocate the cache (or take the caller's ``paged_kv``) and prefill (the first
-    token sampled when ``sampling``)."""
+    token sampled when ``sampling``); ``history``: also the (B, S) token history, the prompts in it."""
     check_generate_args(max_new_tokens, eos_id, target.vocab_size)
     dev = target.embed_weight.device
     tokens, lengths = _prepare_prompts(target, prompts, dev, max_new_tokens)
@@ -425,6 +474,9 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
         done=torch.full((B,), max_new_tokens == 0, device=dev), steps=z.clone(), nodes=z.clone(),
         max_new_tokens=max_new_tokens, eos_id=eos_id,
     )
+    if history:
+        state.history = torch.zeros(B, S, dtype=torch.int32, device=dev)
+        state.history[:, :T] = tokens.to(torch.int32)
     return state
 
 
@@ -462,7 +514,7 @@ def generate(
     beam_length: int | str = 4, eos_id: int | None = None, ops: ModuleType | None = None,
     check_every: int | None = None, max_len: int | None = None, timer: StageTimer | None = None,
     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, paged_kv: PagedKV | None = None,
-    policy: SpeculationPolicy | None = None,
+    policy: SpeculationPolicy | None = None, lookup: int = 0,
 ) -> GenerateOutput:
     """ReDrafter generation: prefill, then ``decode_step`` until every row is done.
 
@@ -474,6 +526,8 @@ def generate(
         policy: a ``SpeculationPolicy`` choosing (W, L) per window of steps from measured cost and
             acceptance (``redrafter_ext.policy``); pass the same one to successive calls to keep
             its calibration. Greedy output is identical to plain decoding whatever it picks.
+        lookup: add the prompt-lookup beam to every drafting step, with keys of at most this many
+            tokens (0: off; ``decode_step``): the trie gets up to ``1 + (W+1)*(L-1)`` nodes.
         eos_id: stop a row after it commits this token.
         check_every: with an ``eos_id``, read the rows' progress on the host at least once every this many
             steps (default: every step on a CPU, where a read costs nothing, 4 on an accelerator);
@@ -496,14 +550,18 @@ def generate(
     """
     check_every = check_every_arg(check_every, target.embed_weight.device)
     policy = policy_arg(beam_width, beam_length, policy)
+    lookup = check_int("generate", "lookup", lookup, 0, NGRAM_MAX)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
     if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
-        state = _start(target, prompts, max_new_tokens, max(policy.max_nodes, policy.max_length), eos_id, max_len,
-                       sampling, paged_kv)
-        return _run_policy(target, drafter, state, policy, check_every, ops=ops, timer=timer, sampling=sampling)
-    N = num_nodes_max(beam_width, beam_length)
-    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, paged_kv)
-    step = _stepper(target, drafter, state, ops, timer, sampling)
+        N = max(num_nodes_max(w + _lookup_beams(lookup, n), n) for w, n in policy.menu)
+        state = _start(target, prompts, max_new_tokens, max(N, policy.max_length), eos_id, max_len,
+                       sampling, paged_kv, history=lookup > 0)
+        return _run_policy(target, drafter, state, policy, check_every, ops=ops, timer=timer, sampling=sampling,
+                           lookup=lookup)
+    N = num_nodes_max(beam_width + _lookup_beams(lookup, beam_length), beam_length)
+    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, paged_kv,
+                   history=lookup > 0)
+    step = _stepper(target, drafter, state, ops, timer, sampling, lookup)
     return _run(lambda: step(beam_width, beam_length), state, beam_length, check_every)
 
 
