@@ -356,7 +356,8 @@ def test_generate_checks_its_state_once_per_shape(target, monkeypatch):
 
     shapes = []
     check = DecodeState.check
-    monkeypatch.setattr(DecodeState, "check", lambda self, t, W, L: (shapes.append((W, L)), check(self, t, W, L))[1])
+    monkeypatch.setattr(DecodeState, "check",
+                        lambda self, t, W, L, *rest: (shapes.append((W, L)), check(self, t, W, L, *rest))[1])
     drafter = random_drafter(target, seed=1)
     out = rx.generate(target, drafter, PROMPTS, 12, beam_width=2, beam_length=3)
     assert out.calls > 1 and shapes == [(2, 3)]  # the loop's own state: checked at its first step only
