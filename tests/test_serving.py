@@ -54,11 +54,11 @@ def serve(target, drafter, expected, **batch_kw):
     return got, batch
 
 
-@pytest.mark.parametrize("paged", [False, True])
-def test_each_request_equals_its_batch1_output(target, expected, paged):
+@pytest.mark.parametrize("paged,lookup", [(False, 0), (True, 0), (False, 2), (True, 3)])
+def test_each_request_equals_its_batch1_output(target, expected, paged, lookup):
     drafter = random_drafter(target, seed=2)
     kw = dict(paged=True, block_size=5) if paged else {}
-    got, batch = serve(target, drafter, expected, **kw)
+    got, batch = serve(target, drafter, expected, lookup=lookup, **kw)
     assert set(got) == set(range(len(REQUESTS)))
     for r, (_, want) in enumerate(expected):
         assert got[r] == want, r
@@ -162,12 +162,13 @@ def test_row_uniforms_are_uniform_and_per_row():
     assert not torch.equal(u[0], u[1])
 
 
-def test_sampled_request_does_not_depend_on_its_batch(target):
+@pytest.mark.parametrize("lookup", [0, 2])
+def test_sampled_request_does_not_depend_on_its_batch(target, lookup):
     drafter = random_drafter(target, seed=4)
     params = rx.SamplingParams(1.0, 20, 0.95)
 
     def alone(prompt, seed):
-        b = rx.Batch(target, 1, 16, 64, beam_width=2, beam_length=3, sampling=params)
+        b = rx.Batch(target, 1, 16, 64, beam_width=2, beam_length=3, sampling=params, lookup=lookup)
         b.admit(prompt, seed=seed)
         while not b.finished():
             b.step(drafter)
@@ -175,7 +176,7 @@ def test_sampled_request_does_not_depend_on_its_batch(target):
 
     want = alone([5, 17, 3, 9], seed=11)
     assert want != alone([5, 17, 3, 9], seed=12)  # another seed, another sample (16 tokens at T=1)
-    b = rx.Batch(target, 3, 16, 64, beam_width=2, beam_length=3, sampling=params)
+    b = rx.Batch(target, 3, 16, 64, beam_width=2, beam_length=3, sampling=params, lookup=lookup)
     b.admit([60, 2], seed=1)
     b.step(drafter)
     row = b.admit([5, 17, 3, 9], seed=11)  # admitted mid-run, beside other rows

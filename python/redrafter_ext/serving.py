@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ._generate_common import check_context, prompt_rows
 from ._scalar_checks import check_eos_id, check_int
-from ._shape_checks import num_nodes_max
+from ._shape_checks import NGRAM_MAX, num_nodes_max
 from .decode import GREEDY, DecodeState, SamplingParams, decode_step
 from .models import PagedKV
 
@@ -104,17 +104,20 @@ class Batch:
         sampling: ``SamplingParams`` (temperature, top-k, top-p) of every request (None: greedy);
             each request draws its uniforms from its own ``seed`` (``admit``) and step counter
             (``row_uniforms``), so its tokens do not depend on the other rows.
+        lookup: the prompt-lookup beam's longest key at every step (0: none; ``decode_step``); the
+            batch then keeps each row's token history and sizes its trie for W+1 beams.
     """
 
     def __init__(self, target, rows: int, max_new_tokens: int, max_len: int, *, beam_width: int = 4,
                  beam_length: int = 4, paged: bool = False, num_blocks: int | None = None, block_size: int = 16,
-                 sampling: SamplingParams | None = None) -> None:
+                 sampling: SamplingParams | None = None, lookup: int = 0) -> None:
         for name, v in (("rows", rows), ("max_new_tokens", max_new_tokens), ("max_len", max_len),
                         ("beam_width", beam_width), ("beam_length", beam_length), ("block_size", block_size)):
             check_int("Batch", name, v, 0 if name == "max_new_tokens" else 1)
+        self.lookup = check_int("Batch", "lookup", lookup, 0, NGRAM_MAX)
         self.target, self.sampling = target, sampling
         self.W, self.L = beam_width, beam_length
-        self.N = num_nodes_max(beam_width, beam_length)
+        self.N = num_nodes_max(beam_width + self._extra(beam_length), beam_length)
         self.slack = max(self.N, beam_length)
         if max_len < self.slack + 1:
             raise ValueError(f"Batch: max_len={max_len} leaves no room for a prompt and a trie of N={self.N}")
@@ -140,11 +143,16 @@ class Batch:
             token=z.clone(), out=torch.zeros(rows, max_new_tokens + self.slack, dtype=torch.int32, device=dev),
             num_out=z.clone(), done=torch.ones(rows, dtype=torch.bool, device=dev), steps=z.clone(), nodes=z.clone(),
             max_new_tokens=max_new_tokens, limit=z.clone(), eos=torch.full_like(z, -1),
+            history=torch.zeros(rows, max_len, dtype=torch.int32, device=dev) if self.lookup else None,
         )
         self.max_len = max_len
         self._free = list(range(rows))
         self.seed = torch.zeros(rows, dtype=torch.int64, device=dev)  # per-row sampling streams
         self.draws = torch.zeros(rows, dtype=torch.int64, device=dev)
+
+    def _extra(self, L: int) -> int:
+        """Beams the lookup adds to a step of length L."""
+        return 1 if self.lookup and L > 1 else 0
 
     def _parking_row(self, width: int, device) -> Tensor:
         """A block-table row over the parking blocks only (a free row's scratch tree lands there)."""
@@ -214,6 +222,8 @@ class Batch:
         first = (self.sampling or GREEDY).sample(logits, u)
         self.draws[row] = 1
         st.cache_len[row] = len(ids)
+        if st.history is not None:
+            st.history[row, : len(ids)] = tokens[0].to(torch.int32)
         st.hidden[row] = hidden[0].to(st.hidden.dtype)
         st.token[row] = first[0]
         st.out[row].zero_()
@@ -254,14 +264,17 @@ class Batch:
         batch's and may be any shape whose trie fits (N <= the batch's)."""
         W = self.W if beam_width is None else beam_width
         L = self.L if beam_length is None else beam_length
-        if num_nodes_max(W, L) > self.N or L > self.L:
+        check_int("Batch.step", "beam_width", W, 1)
+        check_int("Batch.step", "beam_length", L, 1)
+        if num_nodes_max(W + self._extra(L), L) > self.N or L > self.L:
             raise ValueError(f"Batch.step: W={W}, L={L} is larger than the batch was sized for ({self.W}, {self.L})")
         uniforms = None
         if self.sampling is not None and not self.sampling.greedy:
-            # this step's uniforms, one stream per row: (accept_u (B, L-1, W), sample_u (B,))
-            u = row_uniforms(self.seed, self.draws, (L - 1) * W + 1)
+            # this step's uniforms, one stream per row: (accept_u (B, L-1, W'), sample_u (B,)), W' with the lookup beam
+            Wb = W + self._extra(L)
+            u = row_uniforms(self.seed, self.draws, (L - 1) * Wb + 1)
             B = u.shape[0]
-            uniforms = (u[:, 1:].reshape(B, L - 1, W), u[:, 0].contiguous())
+            uniforms = (u[:, 1:].reshape(B, L - 1, Wb), u[:, 0].contiguous())
             self.draws.add_(1)
         return decode_step(self.target, drafter, self.state, beam_width=W, beam_length=L, ops=ops,
-                           sampling=self.sampling, uniforms=uniforms)
+                           sampling=self.sampling, uniforms=uniforms, lookup=self.lookup)
