@@ -119,6 +119,8 @@ def main(argv=None) -> int:
     p.add_argument("--configs", nargs="+", default=["1x4", "1x8", "2x4"],
                    help="static shapes WxL timed against AR; the policy's menu is (1, 1) plus these")
     p.add_argument("--no-policy", action="store_true", help="time AR and the static shapes only")
+    p.add_argument("--lookup", type=int, default=0,
+                   help="the prompt-lookup beam's longest key in every ReDrafter method (docs/lookup.md); 0: none")
     p.add_argument("--runs", type=int, default=3, help="interleaved rounds (each runs every method once)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rows", type=int, default=None,
@@ -184,7 +186,8 @@ def main(argv=None) -> int:
     ddt = "auto (drafter.auto_dtype per B)" if a.drafter_dtype == "auto" else next(drafter.parameters()).dtype
     mode = "greedy" if greedy else f"sampling T={a.temperature} seed={a.seed}"
     print(f"# {desc}; {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads; {mode}; static "
-          f"{' '.join(f'{w}x{length}' for w, length in configs)} and the policy over them plus 1x1; drafter {ddt}; "
+          f"{' '.join(f'{w}x{length}' for w, length in configs)} and the policy over them plus 1x1; lookup {a.lookup}; "
+          f"drafter {ddt}; "
           f"rows per B {n_rows}; {len(prompts)} prompts of {min(map(len, prompts))}..{max(map(len, prompts))} "
           f"tokens; eos={eos}; max {M} new tokens; median of {a.runs} interleaved rounds; load average "
           f"{os.getloadavg()[0]:.2f}", flush=True)
@@ -204,10 +207,10 @@ def main(argv=None) -> int:
             methods = {"ar": lambda rows_: ar(rows_, eos)}
             for w, length in configs:
                 methods[f"{w}x{length}"] = lambda rows_, w=w, length=length: rx.generate(
-                    target, drafter, rows_, M, beam_width=w, beam_length=length, eos_id=eos, **sampling)
+                    target, drafter, rows_, M, beam_width=w, beam_length=length, eos_id=eos, lookup=a.lookup, **sampling)
             if not a.no_policy:
                 methods["policy"] = lambda rows_: rx.generate(target, drafter, rows_, M, policy=policy, eos_id=eos,
-                                                              **sampling)
+                                                              lookup=a.lookup, **sampling)
             names = list(methods)
             for name in names:  # correctness first (and warm-up; the policy calibrates here)
                 got = run(methods[name], work, B)["tokens"]

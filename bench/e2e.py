@@ -34,7 +34,7 @@ from redrafter_ext.demo import DEFAULT_MODEL, DTYPES, load_named
 from redrafter_ext.policy import SpeculationPolicy
 from redrafter_ext.profiling import STAGES, StageTimer, choose_threads, cpu_name
 
-HEADER = ["B", "W", "L", "N", "ar_tok_s", "ar_spread", "rd_tok_s", "rd_spread", "speedup", "speedup_min",
+HEADER = ["B", "W", "L", "lookup", "N", "ar_tok_s", "ar_spread", "rd_tok_s", "rd_spread", "speedup", "speedup_min",
           "speedup_max", "tokens_per_step", "nodes_per_step", "suspect", "rows_equal_ar", "vs_best", *[f"ms_{s}" for s in STAGES],
           "threads", "loadavg1"]
 
@@ -75,6 +75,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="target dtype (greedy equality with AR is only promised in float32)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--lookup", type=int, nargs="+", default=[0, 2],
+                   help="the prompt-lookup beam's key length for generate(lookup=...), 0: none; several: one row each")
     p.add_argument("--no-policy", action="store_true",
                    help="skip the adaptive policy's row (beam_width=beam_length='auto', default menu)")
     p.add_argument("--temperature", "-T", type=float, default=0.0, help="0: greedy (default); > 0: sampling")
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
         ar_tokens = [row for o in run_ar() for row in o.tokens]
         n_tok = sum(map(len, ar_tokens))
 
-        def measure(W, L, N, gen, B=B, ar_tokens=ar_tokens, n_tok=n_tok, run_ar=run_ar):
+        def measure(W, L, N, gen, lookup, B=B, ar_tokens=ar_tokens, n_tok=n_tok, run_ar=run_ar):
             """Check ``gen`` against AR (greedy), time it interleaved with AR, write its row."""
             timer = StageTimer()
             first = gen(timer)  # correctness first (and the stage split; the policy calibrates here)
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
             tps = rd_tok / max(1, steps)
             speedup = statistics.median(ratios)
             r = {
-                "B": B, "W": W, "L": L, "N": N,
+                "B": B, "W": W, "L": L, "lookup": lookup, "N": N,
                 "ar_tok_s": statistics.median(ar_tps), "ar_spread": f"{min(ar_tps):.1f}..{max(ar_tps):.1f}",
                 "rd_tok_s": statistics.median(rd_tps), "rd_spread": f"{min(rd_tps):.1f}..{max(rd_tps):.1f}",
                 "speedup": speedup, "speedup_min": min(ratios), "speedup_max": max(ratios),
@@ -158,7 +160,8 @@ def main(argv=None) -> int:
                 "threads": threads, "loadavg1": round(load, 2),
             }
             if W == "auto":
-                best = max((q for q in rows if q["B"] == B and q["W"] != "auto"), key=lambda q: q["speedup"],
+                best = max((q for q in rows if q["B"] == B and q["W"] != "auto" and q["lookup"] == lookup),
+                           key=lambda q: q["speedup"],
                            default=None)
                 r["vs_best"] = speedup / best["speedup"] if best else ""
             if r["suspect"]:
@@ -171,31 +174,35 @@ def main(argv=None) -> int:
             print(" | ".join(f"{r[h]:.2f}" if isinstance(r[h], float) else str(r[h]) for h in HEADER), flush=True)
             return True
 
-        for W in a.widths:
-            for L in a.lengths:
+        for lookup in a.lookup:
+            for W in a.widths:
+                for L in a.lengths:
 
-                def gen(timer=None, W=W, L=L, batches=batches):
-                    return [
-                        rx.generate(target, drafter, c, a.max_new_tokens, beam_width=W, beam_length=L, eos_id=eos,
-                                    timer=timer, **sampling)
-                        for c in batches
-                    ]
+                    def gen(timer=None, W=W, L=L, batches=batches, lookup=lookup):
+                        return [
+                            rx.generate(target, drafter, c, a.max_new_tokens, beam_width=W, beam_length=L, eos_id=eos,
+                                        timer=timer, lookup=lookup, **sampling)
+                            for c in batches
+                        ]
 
-                if not measure(W, L, 1 + W * (L - 1), gen):
-                    return 1
-        if policy is not None:
+                    if not measure(W, L, 1 + (W + (lookup > 0)) * (L - 1), gen, lookup):
+                        return 1
+        for lookup in a.lookup if policy is not None else ():
+            # one policy per lookup setting: its cost and acceptance figures depend on it
+            pol = policy if lookup == a.lookup[0] else SpeculationPolicy()
 
-            def gen_policy(timer=None, batches=batches):
-                return [rx.generate(target, drafter, c, a.max_new_tokens, policy=policy, eos_id=eos, timer=timer,
-                                    **sampling) for c in batches]
+            def gen_policy(timer=None, batches=batches, lookup=lookup, pol=pol):
+                return [rx.generate(target, drafter, c, a.max_new_tokens, policy=pol, eos_id=eos, timer=timer,
+                                    lookup=lookup, **sampling) for c in batches]
 
-            if not measure("auto", "auto", policy.max_nodes, gen_policy):
+            nodes = max(1 + (w + (lookup > 0 and n > 1)) * (n - 1) for w, n in pol.menu)
+            if not measure("auto", "auto", nodes, gen_policy, lookup):
                 return 1
 
     csv_file.close()
     best = max((r for r in rows if r["B"] == 1 and not r["suspect"] and r["W"] != "auto"), key=lambda r: r["speedup"], default=None)
     if best:
-        print(f"# best at batch 1: W={best['W']} L={best['L']}: {best['speedup']:.2f}x "
+        print(f"# best at batch 1: W={best['W']} L={best['L']} lookup={best['lookup']}: {best['speedup']:.2f}x "
               f"({best['speedup_min']:.2f}..{best['speedup_max']:.2f}), {best['tokens_per_step']:.2f} tokens/step")
     loads = [r["loadavg1"] for r in rows]
     title = (f"{a.model}, {mode}, target {a.dtype}; {threads} threads, load {min(loads, default=0):.1f}.."

@@ -10,9 +10,9 @@ previous n tokens in prompt + answer so far; none when they never occurred). One
 share of positions with a lookup guess, the share it gets right, the drafter's share, and the share
 either gets right, an upper bound on what one extra lookup beam in the trie could accept at depth 1.
 Then, per ``--shapes`` W x L, the tokens per step a verify would accept (teacher-forced on the greedy
-answer, as `evaluate` counts them) from the drafter's W beams alone, and from those plus one lookup
-beam (the L-1 tokens after the last earlier occurrence of the previous ``--beam-n`` tokens), the
-lookup computed both by a plain loop and in the fixed shapes a decode step needs (checked equal).
+answer, as `evaluate` counts them) from the drafter's W beams alone, and from those plus the lookup
+beam of ``decode_step(lookup=--beam-n)``: ``ops.ngram_lookup``, the L-1 tokens after the latest
+earlier occurrence of the longest key of at most ``--beam-n`` tokens.
 """
 
 from __future__ import annotations
@@ -43,22 +43,6 @@ def lookup_beam(ctx: list[int], n: int, length: int) -> list[int]:
     return []
 
 
-def lookup_beams(hist: torch.Tensor, length: torch.Tensor, n: int, m: int) -> torch.Tensor:
-    """``lookup_beam`` in fixed shapes, as a decode step would need it (no host sync, no data-dependent
-    shapes): ``hist (B, T)`` int64 token rows (padded), ``length (B,)`` int64 (>= n) -> ``(B, m)`` int64,
-    -1 past the end of the continuation or where the key never occurred earlier."""
-    T = hist.shape[1]
-    pos = torch.arange(T - n)
-    key = hist.gather(1, (length[:, None] - n + torch.arange(n)).clamp(0, T - 1))
-    match = pos[None] <= (length - n - 1)[:, None]  # a continuation token exists before the key itself
-    for i in range(n):
-        match = match & (hist[:, i : T - n + i] == key[:, i : i + 1])
-    last = torch.where(match, pos[None], -1).amax(1)
-    idx = last[:, None] + n + torch.arange(m)
-    ok = (last[:, None] >= 0) & (idx < length[:, None])
-    return torch.where(ok, hist.gather(1, idx.clamp(0, T - 1)), -1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default=str(SHIPPED))
@@ -68,7 +52,7 @@ def main() -> None:
                     "held-out one: selfgen --sources sharegpt-heldout --temperatures 0), the states recomputed in float32")
     ap.add_argument("--max-answers", type=int, default=64, help="with --selfgen: the first this many answers")
     ap.add_argument("--shapes", default="1x4,2x4,4x5", help="W x L of the drafter's beams")
-    ap.add_argument("--beam-n", type=int, default=2, help="key length of the lookup beam")
+    ap.add_argument("--beam-n", type=int, default=2, help="the lookup beam's longest key (decode_step's lookup)")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -118,17 +102,14 @@ def main() -> None:
                 t, P, h = r["tokens"].long(), r["prompt_len"], r["hidden"].float()
                 js = torch.arange(P + 1, len(t))
                 beams = d.beam_search(h[js - 1 - P], t[js - 1].to(torch.int32), E, W, L, ops)[:, :, 1:]
-                fixed = lookup_beams(t.expand(len(js), -1), js, a.beam_n, L - 1)  # (positions, L-1), -1 padded
-                tl = t.tolist()
-                for j, lb in zip(js.tolist(), fixed.tolist()):  # the fixed-shape form against the plain loop first
-                    ref = lookup_beam(tl[:j], a.beam_n, L - 1)
-                    assert lb == ref + [-1] * (L - 1 - len(ref)), (j, lb, ref)
-                # the answer's next L-1 tokens, -2 past its end: no draft (tokens, lookup padding -1) matches it
+                # the decoder's lookup beam at every position: history t[:j], which ends with the guaranteed token
+                lookup = ops.ngram_lookup(t.expand(len(js), -1), js, a.beam_n, L - 1)  # (positions, L-1), -1: none
+                # the answer's next L-1 tokens, -2 past its end: no draft (tokens, "none" -1) matches it
                 idx = js[:, None] + torch.arange(L - 1)
                 truth = torch.where(idx < len(t), t[idx.clamp(max=len(t) - 1)], -2)
                 n_pos += len(js)
                 plain += accepted_tokens(beams, truth).sum().item()
-                plus += accepted_tokens(torch.cat([beams.long(), fixed[:, None]], 1), truth).sum().item()
+                plus += accepted_tokens(torch.cat([beams.long(), lookup[:, None].long()], 1), truth).sum().item()
         print(f"{shape:>5} {n_pos:>9} {plain / n_pos:>19.2f} {plus / n_pos:>13.2f}")
 
 

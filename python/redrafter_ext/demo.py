@@ -37,6 +37,8 @@ from .prompts import chat_prompt_ids, heldout_prompts
 
 DTYPES = {"checkpoint": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# the lookup beam at every drafting step (docs/lookup.md): it raised tokens/step at every shape measured
+DEMO_LOOKUP = 2
 
 
 def load_models(folder: Path, random_weights: bool, drafter_dtype: torch.dtype | None = None):
@@ -158,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="beams drafted per step, or auto (with -L auto: the speculation policy picks both)")
     p.add_argument("--beam-length", "-L", type=_int_or_auto, default="auto",
                    help="tokens per beam, the guaranteed one included, or auto")
+    p.add_argument("--lookup", type=int, default=DEMO_LOOKUP,
+                   help="the prompt-lookup beam's longest key (docs/lookup.md); 0: the drafter's beams only")
     p.add_argument("--batch-size", "-B", type=int, default=1, help="prompts decoded together")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt at most")
     p.add_argument("--prompts", type=int, default=4, help="held-out prompts to decode")
@@ -206,7 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"[demo] error: -W/-L: {e}", file=sys.stderr)
         return 2
-    N = policy.max_nodes if policy else 1 + W * (L - 1)
+    if a.lookup < 0:
+        print(f"[demo] error: --lookup must be >= 0, got {a.lookup}", file=sys.stderr)
+        return 2
+    extra = int(a.lookup > 0)
+    N = (max(1 + (w + extra * (n > 1)) * (n - 1) for w, n in policy.menu) if policy
+         else 1 + (W + extra * (L > 1)) * (L - 1))
     shape = (f"W=auto L=auto (speculation policy over {' '.join(f'{w}x{n}' for w, n in policy.menu)})" if policy
              else f"W={W} L={L}")
     print(f"target: {desc}, {n_params(target)} params ({target.embed_weight.dtype}); drafter: {n_params(drafter)} "
@@ -214,15 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     sampling = dict(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p)
     greedy = a.temperature == 0.0
     mode = "greedy" if greedy else f"sampling T={a.temperature} top-k={a.top_k} top-p={a.top_p} seed={a.seed}"
-    print(f"{shape} (N={N} nodes max), batch {B}, {len(items)} prompts, max {a.max_new_tokens} new tokens, "
-          f"{mode}")
+    print(f"{shape}{f' + lookup beam (keys <= {a.lookup})' if a.lookup else ''} (N={N} nodes max), batch {B}, "
+          f"{len(items)} prompts, max {a.max_new_tokens} new tokens, {mode}")
 
     prompts = [ids for _, ids in items]
     # warm-up: first calls pay for allocation and kernel selection. Every shape of the menu warms
     # outside the policy: a cold first window it measured made drafting look dear and kept it plain
     autoregressive_generate(target, prompts[:1], 4, eos_id=eos, **sampling)
     for w, n in (policy.menu if policy else [(W, L)]):
-        generate(target, drafter, prompts[:1], 4, beam_width=w, beam_length=n, eos_id=eos, ops=ops, **sampling)
+        generate(target, drafter, prompts[:1], 4, beam_width=w, beam_length=n, eos_id=eos, ops=ops, lookup=a.lookup,
+                 **sampling)
 
     t_ar = t_rd = 0.0
     n_ar = n_rd = steps = nodes = 0
@@ -237,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         ctimer = StageTimer(target.embed_weight.device)
         t0 = time.perf_counter()
         rd = generate(target, drafter, chunk, a.max_new_tokens, beam_width=W, beam_length=L, eos_id=eos, ops=ops,
-                      timer=ctimer, seed=a.seed + s, policy=policy, **sampling)
+                      timer=ctimer, seed=a.seed + s, policy=policy, lookup=a.lookup, **sampling)
         dt_rd = time.perf_counter() - t0
         for k, v in ctimer.seconds.items():
             timer.seconds[k] += v
