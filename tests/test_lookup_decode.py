@@ -146,3 +146,20 @@ def test_lookup_rejects_bad_arguments(target):
     st = _start(target, [[1, 2, 3]], 2, 1, None, 6, history=True)
     with pytest.raises(ValueError, match="the trie needs N"):
         rx.decode_step(target, drafter, st, beam_width=2, beam_length=3, lookup=2)
+
+
+def test_decode_step_with_lookup_compiles_fullgraph():
+    # the lookup beam adds the op (its fake kernel traces it) and two scatters: still one graph
+    target = random_target(vocab=61, hidden=32, layers=1, seed=2)
+    drafter = random_drafter(target, layers=1)
+    prompts = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8, 4, 5]]
+    ar = rx.autoregressive_generate(target, prompts, 12)
+    state = _start(target, prompts, 12, 10, None, None, history=True)
+    step = torch.compile(
+        lambda s: rx.decode_step(target, drafter, s, beam_width=3, beam_length=3, ops=rx.ops, lookup=2),
+        fullgraph=True,
+    )
+    for _ in range(12):
+        step(state)
+    n = state.num_out.tolist()
+    assert [state.out[b, : n[b]].tolist() for b in range(2)] == ar.tokens
