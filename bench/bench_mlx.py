@@ -77,7 +77,9 @@ def op_inputs(mx, ref, B: int, W: int, L: int, V: int, S: int):
     cache_len = mx.full((B,), S - N - 1, dtype=mx.int32)
     au = mx.random.uniform(shape=(B, L - 1, W), key=k1)
     su = mx.random.uniform(shape=(B,), key=k2)
-    arrays = [beams, *trie, logits_n, logits_w, scores, state, *g, kv, cache_len, au, su]
+    history = mx.random.randint(0, 16, (B, S), key=k3).astype(mx.int32)  # prompt-lookup history
+    history_len = mx.full((B,), S, dtype=mx.int32)
+    arrays = [beams, *trie, logits_n, logits_w, scores, state, *g, kv, cache_len, au, su, history, history_len]
     mx.eval(arrays)
     return {
         "beam_topk": lambda o: o.beam_topk(logits_w, scores, beams, state, 1),
@@ -87,6 +89,7 @@ def op_inputs(mx, ref, B: int, W: int, L: int, V: int, S: int):
         "verify_greedy": lambda o: o.verify_greedy(logits_n, beams, trie[3]),
         "verify_sample": lambda o: o.verify_sample(logits_n, beams, trie[3], au, su, 1.0, 0, 0.9),
         "kv_compact": lambda o: o.kv_compact(kv, cache_len, g[2], g[0]),
+        "ngram_lookup": lambda o: o.ngram_lookup(history, history_len, 3, L - 1),
     }
 
 
@@ -107,7 +110,7 @@ def bench_ops(mx, ref, native, a) -> None:
     if a.full:
         shapes += [(1, 1, 8, 4096), (7, 4, 6, 4096), (1, 8, 8, 32000), (3, 4, 4, 32000)]
     S = 256
-    print(f"\n== per-op: {runs} timed runs each, op + mx.eval wall time, S={S} for kv_compact ==")
+    print(f"\n== per-op: {runs} timed runs each, op + mx.eval wall time, S={S} for kv_compact and ngram_lookup ==")
     if native is None:
         print("native MLX ops: NOT AVAILABLE (redrafter_ext.mlx.ops or its extension missing): timing the reference only")
     print(f"{'op':<17} {'B,W,L,V':<18} {'impl':<9} {'median ms':>10} {'IQR ms':>8} {'speedup':>8}")

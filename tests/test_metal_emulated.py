@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cases import gen, greedy_logits
+from cases import gen, greedy_logits, lookup_cases, lookup_inputs, ngram_lookup_expected
 from emu import metal_build
 from emu import metal_ops as mo
+from hypothesis import HealthCheck, given, settings
 
 from redrafter_ext import reference as ref
 
@@ -56,14 +57,15 @@ def test_metal_source_registers_its_kernels(emu, path):
 
 def test_kernel_names(emu):
     names = set(emu.kernels())
-    expected = {"tree_mask_bool", "tree_mask_packed", "build_trie", "kv_compact_advance", "beam_topk_merge"}
+    expected = {"tree_mask_bool", "tree_mask_packed", "build_trie", "kv_compact_advance", "beam_topk_merge",
+                "ngram_lookup"}
     expected |= {f"kv_compact_{n}" for n in (16, 8, 4, 2, 1)} | {f"kv_copy_{n}" for n in (16, 8, 4, 2, 1)}
     for d in ("float32", "float16", "bfloat16"):
         expected |= {f"verify_greedy_{d}", f"verify_sample_{d}", f"beam_topk_rows_{d}"}
     assert expected <= names, sorted(expected - names)
     dispatch = (Path(__file__).parents[1] / "csrc" / "metal" / "dispatch.cpp").read_text()
     for n in ("tree_mask_bool", "tree_mask_packed", "build_trie", "kv_compact_advance", "beam_topk_merge", "kv_compact_",
-              "kv_copy_", "verify_greedy_", "verify_sample_", "beam_topk_rows_", "redrafter_ext_mlx"):
+              "kv_copy_", "verify_greedy_", "verify_sample_", "beam_topk_rows_", "ngram_lookup", "redrafter_ext_mlx"):
         assert f'"{n}' in dispatch, n
 
 
@@ -175,3 +177,65 @@ def test_verify_sample_nonfinite_rows(emu, top_k, top_p):
     logits[0, 0, 5] = float("nan")
     logits[1, 0, :] = float("-inf")
     check_sample(emu, (logits, beams, beam_node, accept_u, sample_u), 1.0, top_k, top_p)
+
+
+# ------------------------------------------------------------------------------------------------
+# ngram_lookup (only Metal's: the CUDA kernel's emulated cases are in tests/test_cuda_emulated.py)
+
+
+def check_lookup(emu, tokens, length, max_n, m, seeds=SEEDS, threads=None):
+    exp = ref.ngram_lookup(tokens, length, max_n, m)
+    assert torch.equal(exp, ngram_lookup_expected(tokens, length, max_n, m))  # the oracle itself
+    for seed, got in run_seeds(emu, mo.ngram_lookup, tokens, length, max_n, m, seeds=seeds, threads=threads):
+        assert torch.equal(got, exp), f"ngram_lookup max_n={max_n} m={m} threads={threads} (seed {seed})\n{got}\n{exp}"
+    return exp
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lookup_inputs())
+def test_ngram_lookup_hypothesis(emu, args):
+    check_lookup(emu, *args, seeds=(1, 2))
+
+
+# S = 300 needs more than one threadgroup width of candidate ends per thread (256 threads at most)
+@pytest.mark.parametrize("S", (1, 2, 33, 300, 2048))
+@pytest.mark.parametrize("B", (1, 3, 7))
+@pytest.mark.parametrize("vocab,dtype", [(3, torch.int32), (3, torch.int64), (32000, torch.int64)])
+def test_ngram_lookup_sizes(emu, B, S, vocab, dtype):
+    found = 0
+    for k, (max_n, m) in enumerate([(1, 1), (2, 4), (3, 9), (4, 5)]):
+        tokens, length = lookup_cases(1000 * B + S + k, B, S, vocab, dtype)
+        if S >= 33:  # row 0 (length S) ends with a copy of an early span: a long key occurs
+            tokens[0, S - 3:] = tokens[0, 1:4].clone()
+        exp = check_lookup(emu, tokens, length.to((torch.int32, torch.int64)[k % 2]), max_n, m)
+        found += int((exp[:, 0] >= 0).sum())
+    if S >= 33:
+        assert found > 0  # some rows matched (the planted repeats)
+
+
+@pytest.mark.parametrize("threads", (32, 96, 256, 512, 1024))
+def test_ngram_lookup_any_threadgroup_size(emu, threads):
+    # a multiple of 32 that is not a power of two, and more threads than the reduction's 256 slots
+    for S in (5, 300, 700):
+        tokens, length = lookup_cases(S + threads, 3, S, 3, torch.int32)
+        check_lookup(emu, tokens, length, 4, 7, threads=threads)
+
+
+def test_ngram_lookup_ties_periods_and_clamped_lengths(emu):
+    S = 600
+    tokens = torch.zeros(5, S, dtype=torch.int64)  # row 0: one token repeated (every end ties)
+    tokens[1] = torch.arange(S) % 7  # period 7: the latest full-key match is 7 back
+    tokens[2] = torch.arange(S)  # all distinct: no occurrence
+    tokens[3, :] = torch.arange(S) % 2
+    tokens[3, 400] = 5  # the key's last token occurs once, at the end: no occurrence
+    tokens[4] = torch.randint(0, 3, (S,), generator=gen(7))
+    length = torch.tensor([S, S, S, 401, 299])
+    for max_n, m in [(1, 3), (4, 9), (3, 20)]:
+        exp = check_lookup(emu, tokens, length, max_n, m)
+        assert exp[0].tolist() == [0] * m and (exp[2] == -1).all() and (exp[3] == -1).all()
+    # lengths outside [0, S] are clamped into it (the values are not known before evaluation)
+    bad = torch.tensor([-5, S + 1, 10**6, 0, 1])
+    exp = ref.ngram_lookup(tokens, bad.clamp(0, S), 3, 6)
+    for seed, got in run_seeds(emu, mo.ngram_lookup, tokens, bad, 3, 6):
+        assert torch.equal(got, exp), seed
+    assert mo.ngram_lookup(emu, tokens[:0], length[:0], 2, 3).shape == (0, 3)

@@ -19,7 +19,16 @@ mx = pytest.importorskip("mlx.core")
 
 import cases  # noqa: E402
 import torch  # noqa: E402
-from cases import beam_inputs, follow_tokens, gen, shared_beams, trie_beams  # noqa: E402
+from cases import (  # noqa: E402
+    beam_inputs,
+    follow_tokens,
+    gen,
+    lookup_cases,
+    lookup_inputs,
+    ngram_lookup_expected,
+    shared_beams,
+    trie_beams,
+)
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from redrafter_ext import reference as ref  # noqa: E402
@@ -148,6 +157,53 @@ def test_reference_guards_tree_values_as_the_kernel_does():
         beams = mx.zeros((0, W, L), dtype=mx.int32)
         for a, b in zip(mref.build_trie(beams), ops.build_trie(beams), strict=True):
             assert a.shape == b.shape and a.dtype == b.dtype
+
+
+# ------------------------------------------------------------------------------------------------
+# ngram_lookup
+
+
+def check_lookup(tokens, length, max_n, m, layout=lambda a: a):
+    got = ops.ngram_lookup(layout(to_mx(tokens)), layout(to_mx(length)), max_n, m)
+    exp = ref.ngram_lookup(tokens, length, max_n, m)
+    assert torch.equal(exp, ngram_lookup_expected(tokens, length, max_n, m))
+    assert_same([got], [exp], f"ngram_lookup max_n={max_n} m={m}")
+    return exp
+
+
+@SETTINGS
+@given(lookup_inputs())
+def test_ngram_lookup_hypothesis(args):
+    check_lookup(*args)
+
+
+@pytest.mark.parametrize("S", (1, 2, 33, 300, 2048))
+@pytest.mark.parametrize("B", (1, 3, 7))
+@pytest.mark.parametrize("vocab,dtype", [(3, torch.int32), (3, torch.int64), (32000, torch.int64)])
+def test_ngram_lookup_sizes(B, S, vocab, dtype):
+    for k, (max_n, m) in enumerate([(1, 1), (2, 4), (3, 9), (4, 5)]):
+        tokens, length = lookup_cases(1000 * B + S + k, B, S, vocab, dtype)
+        if S >= 33:  # row 0 (length S) ends with a copy of an early span: a long key occurs
+            tokens[0, S - 3:] = tokens[0, 1:4].clone()
+        exp = check_lookup(tokens, length.to((torch.int32, torch.int64)[k % 2]), max_n, m)
+        if S >= 33:
+            assert exp[0, 0] >= 0
+
+
+def test_ngram_lookup_layouts_lengths_and_empty_batch():
+    tokens, length = lookup_cases(5, 4, 40, 3, torch.int32)
+    # a transposed view and a lazy input go through mx.contiguous
+    got = ops.ngram_lookup(to_mx(tokens.T.contiguous()).T, to_mx(length) + 0, 3, 6)
+    assert_same([got], [ref.ngram_lookup(tokens, length, 3, 6)])
+    # a length outside [0, S] is clamped into it instead of raising
+    bad = torch.tensor([-3, 41, 10**6, 0])
+    assert_same([ops.ngram_lookup(to_mx(tokens), to_mx(bad), 3, 6)], [ref.ngram_lookup(tokens, bad.clamp(0, 40), 3, 6)])
+    out = ops.ngram_lookup(mx.zeros((0, 5), mx.int32), mx.zeros((0,), mx.int32), 2, 3)
+    mx.eval(out)
+    assert out.shape == (0, 3) and out.dtype == mx.int32
+    # lazy, inside mx.compile, with the beam length fixed by m
+    f = mx.compile(lambda t, n: ops.ngram_lookup(t, n, 2, 4))
+    assert_same([f(to_mx(tokens), to_mx(length))], [ref.ngram_lookup(tokens, length, 2, 4)])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -420,6 +476,7 @@ def _good():
         "verify_greedy": verify,
         "verify_sample": sample,
         "kv_compact": kv,
+        "ngram_lookup": [mx.zeros((2, 6), dtype=mx.int32), mx.array([6, 3]), 2, 3],
     }
 
 
@@ -464,6 +521,18 @@ def _bad_cases():
         ("kv_compact", 2, lambda a: mx.zeros((2, 11), dtype=mx.int32), ValueError, "path_nodes length"),
         ("kv_compact", 3, lambda a: a[:1], ValueError, "accept_len must have shape"),
         ("kv_compact", 3, as_float, TypeError, "accept_len must have dtype"),
+        ("ngram_lookup", 0, lambda a: a[0], ValueError, "tokens must have 2 dims"),
+        ("ngram_lookup", 0, as_float, TypeError, "tokens must have dtype"),
+        ("ngram_lookup", 0, lambda a: np.zeros((2, 6)), TypeError, "tokens must be an mlx.core.array"),
+        ("ngram_lookup", 0, lambda a: a[:, :0], ValueError, "tokens must have S >= 1"),
+        ("ngram_lookup", 1, lambda a: a[:1], ValueError, "length must have shape"),
+        ("ngram_lookup", 1, as_float, TypeError, "length must have dtype"),
+        ("ngram_lookup", 1, lambda a: a[None], ValueError, "length must have 1 dims"),
+        ("ngram_lookup", 2, lambda a: 0, ValueError, "max_n must be an int"),
+        ("ngram_lookup", 2, lambda a: 1 << 16, ValueError, "max_n must be an int"),
+        ("ngram_lookup", 2, lambda a: 2.0, ValueError, "max_n must be an int"),
+        ("ngram_lookup", 3, lambda a: 0, ValueError, "m must be an int"),
+        ("ngram_lookup", 3, lambda a: True, ValueError, "m must be an int"),
     ]
     return cases
 
@@ -489,3 +558,14 @@ def test_native_layer_checks_too():
         _ext.kv_compact(*good["kv_compact"][:2], mx.zeros((2, 11), dtype=mx.int32), mx.zeros((2,), dtype=mx.int32))
     with pytest.raises(ValueError, match="tree_mask: num_nodes dim 0"):
         _ext.tree_mask(good["tree_mask"][0], mx.zeros((3,), dtype=mx.int32))
+    tokens, length = mx.zeros((2, 6), dtype=mx.int32), mx.zeros((2,), dtype=mx.int32)
+    with pytest.raises(ValueError, match="ngram_lookup: tokens must have dtype int32"):
+        _ext.ngram_lookup(tokens.astype(mx.int64), length, 2, 3)
+    with pytest.raises(ValueError, match="ngram_lookup: length dim 0"):
+        _ext.ngram_lookup(tokens, length[:1], 2, 3)
+    with pytest.raises(ValueError, match="ngram_lookup: tokens must have S >= 1"):
+        _ext.ngram_lookup(tokens[:, :0], length, 2, 3)
+    with pytest.raises(ValueError, match=r"ngram_lookup: max_n must be an int in \[1, 65536\)"):
+        _ext.ngram_lookup(tokens, length, 0, 3)
+    with pytest.raises(ValueError, match=r"ngram_lookup: m must be an int in \[1, 65536\)"):
+        _ext.ngram_lookup(tokens, length, 2, 65536)

@@ -15,7 +15,7 @@ mx = pytest.importorskip("mlx.core")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from cases import token_beams  # noqa: E402
+from cases import lookup_cases, lookup_inputs, ngram_lookup_expected, token_beams  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -186,6 +186,36 @@ def test_tree_mask_sign_bit_and_several_words():
 
 
 # ------------------------------------------------------------------------------------------------
+# ngram_lookup
+
+
+@settings(max_examples=60, deadline=None)
+@given(lookup_inputs(max_b=7))
+def test_ngram_lookup_matches_torch(args):
+    tokens, length, max_n, m = args
+    want = ref.ngram_lookup(tokens, length, max_n, m)
+    assert torch.equal(want, ngram_lookup_expected(tokens, length, max_n, m))
+    assert_same(want, mref.ngram_lookup(to_mx(tokens), to_mx(length), max_n, m), "drafts")
+
+
+@pytest.mark.parametrize("B,S,vocab,dtype", [(1, 1, 3, torch.int32), (3, 2, 3, torch.int64), (7, 33, 3, torch.int32),
+                                             (3, 300, 3, torch.int64), (1, 2048, 32000, torch.int64),
+                                             (7, 300, 32000, torch.int32)])
+def test_ngram_lookup_sizes_match_torch(B, S, vocab, dtype):
+    for max_n, m in [(1, 1), (2, 9), (3, 4), (4, 7)]:
+        tokens, length = lookup_cases(B * S + max_n, B, S, vocab, dtype)
+        want = ref.ngram_lookup(tokens, length, max_n, m)
+        assert_same(want, mref.ngram_lookup(to_mx(tokens), to_mx(length), max_n, m), f"max_n={max_n} m={m}")
+
+
+def test_ngram_lookup_clamps_lengths():
+    tokens, _ = lookup_cases(3, 3, 20, 3, torch.int64)
+    bad = torch.tensor([-4, 21, 10**9])
+    want = ref.ngram_lookup(tokens, bad.clamp(0, 20), 3, 5)
+    assert_same(want, mref.ngram_lookup(to_mx(tokens), to_mx(bad), 3, 5), "drafts")
+
+
+# ------------------------------------------------------------------------------------------------
 # verify_greedy / verify_sample
 
 
@@ -313,5 +343,9 @@ def test_bad_arguments_name_the_argument():
         mref.verify_sample(mx.zeros((1, 5, 4)), beams, beams, mx.zeros((1, 1, 2)), mx.zeros((1,)), 1.0)
     with pytest.raises(TypeError, match="cache_len"):
         mref.kv_compact(mx.zeros((1, 2, 1, 1, 4, 1)), mx.zeros((1,), dtype=mx.int64), beams[0, :1], mx.zeros((1,)).astype(mx.int32))
+    with pytest.raises(ValueError, match="ngram_lookup: length must have shape"):
+        mref.ngram_lookup(mx.zeros((2, 4), dtype=mx.int32), mx.zeros((3,), dtype=mx.int32), 2, 3)
+    with pytest.raises(ValueError, match="ngram_lookup: max_n"):
+        mref.ngram_lookup(mx.zeros((2, 4), dtype=mx.int32), mx.zeros((2,), dtype=mx.int32), 0, 3)
     with pytest.raises(TypeError, match="kv"):
         mref.kv_compact(np.zeros((1, 2, 1, 1, 4, 1)), mx.zeros((1,), dtype=mx.int32), beams[0, :1], mx.zeros((1,), dtype=mx.int32))

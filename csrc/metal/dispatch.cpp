@@ -169,6 +169,21 @@ void build_trie(const Arrays& in, Arrays& out, mx::Stream s) {
   l.run(static_cast<size_t>(B), round32(W * (L - 1)));
 }
 
+void ngram_lookup(const Arrays& in, Arrays& out, int max_n, int m, mx::Stream s) {
+  const auto& tokens = in[0];
+  const auto& length = in[1];
+  alloc(out[0]);
+  const int64_t B = tokens.shape(0), S = tokens.shape(1);
+  if (B == 0) return;
+  NgramLookupParams p;
+  p.S = checked_int(S, "ngram_lookup: S");
+  p.max_n = max_n;
+  p.m = m;
+  Launch l(s, "ngram_lookup");
+  l.in(tokens, 0).in(length, 1).out(out[0], 2).bytes(p, 3);
+  l.run(static_cast<size_t>(B), round32(S, 256));
+}
+
 void tree_mask(const Arrays& in, Arrays& out, bool packed, mx::Stream s) {
   const auto& parent = in[0];
   const auto& num_nodes = in[1];

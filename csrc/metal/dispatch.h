@@ -18,6 +18,8 @@ using Arrays = std::vector<mx::array>;
 void beam_topk(const Arrays& in, Arrays& out, int step, mx::Stream s);
 // in: beams [B,W,L]; out: node_token, node_parent, node_depth [B,N], beam_node [B,W,L], num_nodes [B]
 void build_trie(const Arrays& in, Arrays& out, mx::Stream s);
+// in: tokens [B,S] i32, length [B] i32; out: drafts [B,m] i32 (lengths clamped into [0, S])
+void ngram_lookup(const Arrays& in, Arrays& out, int max_n, int m, mx::Stream s);
 // in: node_parent [B,N], num_nodes [B]; out: mask bool [B,N,N] or int32 words [B,N,ceil(N/32)]
 void tree_mask(const Arrays& in, Arrays& out, bool packed, mx::Stream s);
 // in: logits [B,R,V], beams [B,W,L], beam_node [B,W,L]; out: accept_len, best_beam [B],

@@ -34,3 +34,9 @@ struct KvCompactParams {
   int vecs;   // vector units per slot (slot bytes / vector size)
   int L;
 };
+
+struct NgramLookupParams {
+  int S;      // history columns of tokens [B, S]
+  int max_n;  // the longest key, >= 1
+  int m;      // drafts per row, >= 1
+};

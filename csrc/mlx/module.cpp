@@ -24,6 +24,8 @@ NB_MODULE(_ext, m) {
         "stream"_a = nb::none(), "Fused beam-search step -> [scores, tokens, state, parent].");
   m.def("build_trie", &rd::build_trie, "beams"_a, nb::kw_only(), "stream"_a = nb::none(),
         "Trie of the beams -> [node_token, node_parent, node_depth, beam_node, num_nodes].");
+  m.def("ngram_lookup", &rd::ngram_lookup, "tokens"_a, "length"_a, "max_n"_a, "m"_a, nb::kw_only(),
+        "stream"_a = nb::none(), "Prompt-lookup drafts [B,m] int32 (-1: no occurrence).");
   m.def("tree_mask", &rd::tree_mask, "node_parent"_a, "num_nodes"_a, "packed"_a = false, nb::kw_only(),
         "stream"_a = nb::none(), "Ancestor-or-self mask: bool [B,N,N], or int32 words [B,N,ceil(N/32)].");
   m.def("verify_greedy", &rd::verify_greedy, "logits"_a, "beams"_a, "beam_node"_a, nb::kw_only(),

@@ -237,6 +237,47 @@ void BuildTrie::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array
 }
 
 // =============================================================================================
+// ngram_lookup
+
+mx::array ngram_lookup(const mx::array& tokens, const mx::array& length, int max_n, int m, mx::StreamOrDevice s) {
+  const char* op = "ngram_lookup";
+  check_rank(op, "tokens", tokens, 2, "B, S");
+  check_dtype(op, "tokens", tokens, mx::int32, "int32");
+  const int B = tokens.shape(0), S = tokens.shape(1);
+  if (S < 1) fail(op, "tokens must have S >= 1 columns, got shape " + shape_str(tokens));
+  check_rank(op, "length", length, 1, "B");
+  check_dtype(op, "length", length, mx::int32, "int32");
+  check_dim(op, "length", length, 0, B, "B");
+  // the Python wrappers' bound (NGRAM_MAX), as the torch launcher's
+  if (max_n < 1 || max_n >= 65536) fail(op, "max_n must be an int in [1, 65536), got " + std::to_string(max_n));
+  if (m < 1 || m >= 65536) fail(op, "m must be an int in [1, 65536), got " + std::to_string(m));
+  auto st = mx::to_stream(s);
+  return mx::array({B, m}, mx::int32, std::make_shared<NgramLookup>(st, max_n, m),
+                   {dense(tokens, st), dense(length, st)});
+}
+
+std::vector<mx::Shape> NgramLookup::output_shapes(const std::vector<mx::array>& in) {
+  return {{in[0].shape(0), m_}};
+}
+
+void NgramLookup::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) {
+  for (auto& o : out) alloc(o);
+  const int64_t B = in[0].shape(0), S = in[0].shape(1);
+  // token ids are only compared and copied; the kernel clamps a length outside [0, S] into it
+  encoder_for(stream(), in, out)
+      .dispatch([t = ptr<int32_t>(in[0]), len = ptr<int32_t>(in[1]), d = ptr<int32_t>(out[0]), B, S,
+                 max_n = int64_t{max_n_}, m = int64_t{m_}]() { cpu::ngram_lookup<int32_t>(t, len, S, max_n, m, d, 0, B); });
+}
+
+void NgramLookup::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) {
+#ifdef REDRAFTER_MLX_METAL
+  metal::ngram_lookup(in, out, max_n_, m_, stream());
+#else
+  no_gpu("ngram_lookup");
+#endif
+}
+
+// =============================================================================================
 // tree_mask
 
 mx::array tree_mask(const mx::array& node_parent, const mx::array& num_nodes, bool packed, mx::StreamOrDevice s) {

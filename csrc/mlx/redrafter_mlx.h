@@ -26,6 +26,9 @@ std::vector<mx::array> beam_topk(const mx::array& logits, const mx::array& score
                                  const mx::array& state, int step, mx::StreamOrDevice s = {});
 // beams [B,W,L] i32 -> node_token, node_parent, node_depth [B,N], beam_node [B,W,L], num_nodes [B]
 std::vector<mx::array> build_trie(const mx::array& beams, mx::StreamOrDevice s = {});
+// tokens [B,S] i32, length [B] i32, 1 <= max_n, m < 65536 -> drafts [B,m] i32 (prompt lookup)
+mx::array ngram_lookup(const mx::array& tokens, const mx::array& length, int max_n, int m,
+                       mx::StreamOrDevice s = {});
 // node_parent [B,N] i32, num_nodes [B] i32 -> bool [B,N,N], or int32 words [B,N,ceil(N/32)] when packed
 mx::array tree_mask(const mx::array& node_parent, const mx::array& num_nodes, bool packed,
                     mx::StreamOrDevice s = {});
@@ -79,6 +82,19 @@ class BuildTrie : public Op {
   explicit BuildTrie(mx::Stream s) : Op(s) {}
   REDRAFTER_MLX_PRIMITIVE_COMMON("BuildTrie")
   bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+class NgramLookup : public Op {
+ public:
+  NgramLookup(mx::Stream s, int max_n, int m) : Op(s), max_n_(max_n), m_(m) {}
+  REDRAFTER_MLX_PRIMITIVE_COMMON("NgramLookup")
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const NgramLookup&>(other);
+    return max_n_ == o.max_n_ && m_ == o.m_;
+  }
+
+ private:
+  int max_n_, m_;
 };
 
 class TreeMask : public Op {

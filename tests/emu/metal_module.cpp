@@ -52,6 +52,8 @@ PYBIND11_MODULE(redrafter_metal_emu, m) {
   layout("TreeMaskParams", sizeof(TreeMaskParams), {RD_FIELD(TreeMaskParams, N), RD_FIELD(TreeMaskParams, words)});
   layout("BuildTrieParams", sizeof(BuildTrieParams),
          {RD_FIELD(BuildTrieParams, W), RD_FIELD(BuildTrieParams, L), RD_FIELD(BuildTrieParams, N)});
+  layout("NgramLookupParams", sizeof(NgramLookupParams),
+         {RD_FIELD(NgramLookupParams, S), RD_FIELD(NgramLookupParams, max_n), RD_FIELD(NgramLookupParams, m)});
   layout("BeamTopkParams", sizeof(BeamTopkParams),
          {RD_FIELD(BeamTopkParams, W), RD_FIELD(BeamTopkParams, V), RD_FIELD(BeamTopkParams, L),
           RD_FIELD(BeamTopkParams, step), RD_FIELD(BeamTopkParams, C), RD_FIELD(BeamTopkParams, state_units)});

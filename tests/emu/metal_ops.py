@@ -66,6 +66,18 @@ def build_trie(emu, beams: torch.Tensor):
     return [torch.from_numpy(o) for o in outs]
 
 
+def ngram_lookup(emu, tokens: torch.Tensor, length: torch.Tensor, max_n: int, m: int,
+                 threads: int | None = None) -> torch.Tensor:
+    """``threads``: the threadgroup size (default dispatch.cpp's, min(256, S rounded up to 32))."""
+    B, S = tokens.shape
+    out = poison(B, m)
+    if B == 0:  # dispatch.cpp encodes nothing
+        return torch.from_numpy(out)
+    p = pack(emu, "NgramLookupParams", S=S, max_n=max_n, m=m)
+    emu.dispatch("ngram_lookup", [i32(tokens), i32(length), out, p], B, threads or threads_for(S, 256))
+    return torch.from_numpy(out)
+
+
 def _verify_params(emu, logits, beams, temperature=0.0, top_k=0, top_p=1.0):
     B, W, L = beams.shape
     return pack(emu, "VerifyParams", n_logit_rows=logits.shape[1], V=logits.shape[2], W=W, L=L,

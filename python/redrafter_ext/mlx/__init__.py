@@ -4,9 +4,9 @@
     target = LlamaTarget.from_pretrained(folder); drafter = Drafter.from_pretrained(folder2)
     out = generate(target, drafter, [[1, 2, 3]], max_new_tokens=64, beam_width=4, beam_length=4)
 
-The six ops come from ``redrafter_ext.mlx.ops`` (native MLX primitives) when its compiled
-extension is present, else from ``redrafter_ext.mlx.reference`` (pure ``mlx.core``, same
-semantics); importing this package never requires the native extension.
+The ops (the decode step's six and ``ngram_lookup``) come from ``redrafter_ext.mlx.ops`` (native
+MLX primitives) when its compiled extension is present, else from ``redrafter_ext.mlx.reference``
+(pure ``mlx.core``, same semantics); importing this package never requires the native extension.
 
 Other engines' models as the target: ``redrafter_ext.mlx.adapters.mlx_lm.MLXLMTarget`` (an mlx-lm
 Llama model, unchanged; mlx-lm is imported only when that module is).

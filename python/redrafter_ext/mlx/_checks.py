@@ -18,6 +18,7 @@ _MLX = ArrayChecks(mx.array, "an mlx.core.array", "mlx.core.", INT_DTYPES, FLOAT
 check_array = _MLX.array
 check_beam_topk = _MLX.beam_topk
 check_build_trie = _MLX.build_trie
+check_ngram_lookup = _MLX.ngram_lookup
 check_tree_mask = _MLX.tree_mask
 check_kv_compact = _MLX.kv_compact
 

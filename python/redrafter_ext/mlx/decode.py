@@ -41,7 +41,7 @@ _default_ops: ModuleType | None = None
 
 
 def native_ops() -> ModuleType | None:
-    """``redrafter_ext.mlx.ops`` when it imports, its native extension loaded and all six ops present."""
+    """``redrafter_ext.mlx.ops`` when it imports, its native extension loaded and every op of ``OPS`` present."""
     try:
         from . import ops
     except (ImportError, OSError) as e:  # no module, or no loadable compiled extension behind it

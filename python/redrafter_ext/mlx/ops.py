@@ -14,10 +14,10 @@ Checks: every wrapper checks types, ranks, shapes and dtypes here and raises ``T
 ``ValueError`` naming the argument, before anything is built. Integer inputs may be int32 or int64;
 they are cast to int32 (values are then taken modulo 2^32, like a C cast), and integer outputs are
 int32. *Values* cannot be checked without evaluating the inputs (which would break laziness), so
-the kernels guard them instead: node ids and draft tokens are clamped into range, an invalid parent
-makes a node a root, and a ``kv_compact`` row with invalid lengths or path is left untouched. No
-value can make an op read or write out of bounds; the results for invalid values are unspecified
-(the torch ops raise on them instead).
+the kernels guard them instead: node ids, draft tokens and ``ngram_lookup``'s lengths are clamped
+into range, an invalid parent makes a node a root, and a ``kv_compact`` row with invalid lengths or
+path is left untouched. No value can make an op read or write out of bounds; the results for
+invalid values are unspecified (the torch ops raise on them instead).
 
 ``kv_compact`` is functional (it returns the new ``kv`` and ``cache_len``) but works in place when
 MLX can donate the input buffers: write ``kv, cache_len = kv_compact(kv, cache_len, ...)`` and
@@ -85,6 +85,21 @@ def build_trie(beams: mx.array, *, stream: Stream = None) -> tuple[mx.array, ...
     """
     _checks.check_build_trie(beams)
     return tuple(_ext.build_trie(_i32(beams), stream=stream))
+
+
+def ngram_lookup(tokens: mx.array, length: mx.array, max_n: int, m: int, *, stream: Stream = None) -> mx.array:
+    """Prompt-lookup drafts (MLX primitive): ``redrafter_ext.reference.ngram_lookup``'s contract.
+
+    A ``length`` outside ``[0, S]`` is clamped into it instead of raising. int64 tokens are cast
+    to int32 like every integer input (ids outside int32 wrap and may then compare equal).
+
+    Examples:
+        >>> tokens = mx.array([[4, 5, 6, 7, 4, 5, 0], [1, 2, 1, 2, 0, 0, 0]])
+        >>> ngram_lookup(tokens, mx.array([6, 4]), max_n=2, m=3).tolist()
+        [[6, 7, 4], [1, 2, 1]]
+    """
+    _checks.check_ngram_lookup(tokens, length, max_n, m)
+    return _ext.ngram_lookup(_i32(tokens), _i32(length), max_n, m, stream=stream)
 
 
 def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False, *, stream: Stream = None) -> mx.array:

@@ -108,6 +108,34 @@ def build_trie(beams: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array,
     return node_token, node_parent, node_depth, beam_node, num_nodes
 
 
+def ngram_lookup(tokens: mx.array, length: mx.array, max_n: int, m: int) -> mx.array:
+    """Prompt-lookup drafts: ``redrafter_ext.reference.ngram_lookup`` in ``mlx.core``.
+
+    A ``length`` outside ``[0, S]`` is clamped into it (as in the native op) instead of raising.
+    """
+    _checks.check_ngram_lookup(tokens, length, max_n, m)
+    B, S = tokens.shape
+    n_b = mx.clip(length.astype(mx.int64), 0, S)[:, None]  # [B, 1]
+    end = mx.arange(S, dtype=mx.int64)[None, :]  # an occurrence's last position e = p + n - 1
+    # run[b, e]: how many trailing tokens ending at e equal those ending at n_b - 1 (at most max_n)
+    still = mx.ones((B, S), dtype=mx.bool_)
+    run = mx.zeros((B, S), dtype=mx.int64)
+    for j in range(min(max_n, S)):
+        a = _gather(tokens, mx.broadcast_to(end - j, (B, S)), 1)
+        b = _gather(tokens, n_b - 1 - j, 1)
+        still = still & (end - j >= 0) & (n_b - 1 - j >= 0) & (a == b)
+        run = run + still.astype(mx.int64)
+    # the longest key, then the latest occurrence: one max over run * (S + 1) + e; e <= n_b - 2
+    # leaves a continuation token before the key's last one
+    score = mx.where(end <= n_b - 2, run * (S + 1) + end, 0)
+    best = mx.max(score, axis=1, keepdims=True)
+    found = best >= S + 1
+    q = best % (S + 1) + 1
+    period = mx.maximum(n_b - q, 1)
+    idx = q + mx.arange(m, dtype=mx.int64)[None, :] % period
+    return mx.where(found, _gather(tokens, idx, 1), -1).astype(mx.int32)
+
+
 def tree_mask(node_parent: mx.array, num_nodes: mx.array, packed: bool = False) -> mx.array:
     """Ancestor-or-self mask of the trie: ``redrafter_ext.reference.tree_mask`` in ``mlx.core``.
 
