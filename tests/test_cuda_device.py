@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 import torch
-from cases import beam_inputs, gen
+from cases import beam_inputs, gen, lookup_cases
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -59,6 +59,23 @@ def test_build_trie_tree_mask(B, W, L):
             same(ops.tree_mask(exp[1].cuda(), exp[4].cuda(), packed), ops.tree_mask(exp[1], exp[4], packed), "mask")
 
 
+# S past one block of 256 threads (the strided scan), a long history, many rows
+@pytest.mark.parametrize("B,S", [(1, 1), (3, 33), (7, 300), (64, 2048), (256, 4096)])
+@pytest.mark.parametrize("vocab", [3, 32000])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_ngram_lookup(B, S, vocab, dtype):
+    tokens, length = lookup_cases(seed=B + S + vocab, B=B, S=S, vocab=vocab, dtype=dtype)
+    for max_n, m in [(1, 1), (2, 4), (3, 9), (4, 5)]:
+        exp = ref.ngram_lookup(tokens, length, max_n, m)
+        same(ops.ngram_lookup(tokens.cuda(), length.cuda(), max_n, m), ops.ngram_lookup(tokens, length, max_n, m),
+             "ngram_lookup")
+        same(ops.ngram_lookup(tokens.cuda(), length.cuda(), max_n, m), exp, "ngram_lookup vs reference")
+    # lengths outside [0, S]: the CUDA kernel clamps them (the CPU op raises)
+    bad = torch.tensor([-1, S + 1, -(2**31) + 1, 2**31 - 1] * ((B + 3) // 4), dtype=dtype)[:B]
+    same(ops.ngram_lookup(tokens.cuda(), bad.cuda(), 3, 4), ref.ngram_lookup(tokens, bad.clamp(0, S), 3, 4),
+         "ngram_lookup, lengths clamped")
+
+
 @pytest.mark.parametrize("B,W,L,V", [(1, 8, 5, 32000), (7, 64, 5, 111), (3, 4, 16, 128256), (256, 4, 4, 1000)])
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_verify_greedy(B, W, L, V, dtype):
@@ -104,6 +121,7 @@ def test_opcheck_cuda():
                            torch.rand(2, generator=gen(16)), 1.0, 5, 0.9)),
         ("kv_compact", (kv, torch.tensor([0, 3], dtype=torch.int32), torch.tensor([[0, 2, -1, -1], [0, -1, -1, -1]]),
                         torch.tensor([1, 0]))),
+        ("ngram_lookup", (torch.randint(0, 3, (3, 40), generator=gen(17)), torch.tensor([40, 7, 0]), 3, 4)),
     ]
     for name, args in samples:
         torch.library.opcheck(getattr(torch.ops.redrafter, name).default, cuda(args))

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import gen
+from cases import gen, lookup_cases, lookup_inputs, ngram_lookup_expected
 from emu import cuda_ops as co
 from emu import emu_build
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from redrafter_ext import reference as ref
 
@@ -69,6 +71,102 @@ def test_verify_greedy_arbitrary_nodes(emu):
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     assert outs[0][0][1] == 0 and outs[0][3][1] == -1
+
+
+# ------------------------------------------------------------------------------------------------
+# ngram_lookup: one CTA per row (32..256 threads, the smallest power of two >= S), each thread a
+# strided share of the candidate ends, one block max-reduce of run * (S + 1) + e in shared memory.
+# Bit-exact against the reference and against the docstring's loops (cases.ngram_lookup_expected);
+# a length outside [0, S] is clamped by the kernel (csrc/cuda/kernels.h), so it must equal the
+# reference on the clamped length.
+
+
+def check_lookup(emu, tokens, length, max_n, m, seeds_=SEEDS, loops=True):
+    """The emulated kernel under each schedule == the reference (and the loops) on length clamped."""
+    clamped = length.clamp(0, tokens.shape[1])
+    exp = ref.ngram_lookup(tokens, clamped, max_n, m)
+    if loops:
+        assert torch.equal(exp, ngram_lookup_expected(tokens, clamped, max_n, m)), "reference != loops"
+    for seed in seeds_:
+        emu.set_seed(seed)
+        got = co.ngram_lookup(emu, tokens, length, max_n, m)
+        assert got.dtype == torch.int32 and got.shape == exp.shape
+        assert torch.equal(got, exp), (f"max_n={max_n} m={m} seed {seed} {tokens.dtype}/{length.dtype} "
+                                       f"length={length.tolist()}\n{got}\n{exp}")
+    return exp
+
+
+# S: one row shorter than a warp, around a warp, past one block of 256 threads (the strided scan and
+# the reduce over every thread), and a long history
+@pytest.mark.parametrize("S", [1, 2, 31, 33, 257, 300, 2048])
+@pytest.mark.parametrize("B", [1, 3, 7])
+@pytest.mark.parametrize("vocab", [3, 5, 32000])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_ngram_lookup_sizes(emu, B, S, vocab, dtype):
+    tokens, length = lookup_cases(seed=B * 10000 + S * 10 + vocab % 7, B=B, S=S, vocab=vocab, dtype=dtype)
+    lengths = [length] + [torch.full((B,), n, dtype=dtype) for n in sorted({0, 1, 2, S}) if n <= S]
+    found = 0
+    for j, ln in enumerate(lengths):
+        for max_n in (1, 2, 3, 4):
+            m = (1, 2, 5, 9, 3, 7, 4, 8, 6)[(j * 4 + max_n) % 9]
+            seeds_ = SEEDS if max_n == 2 or j == 0 else SEEDS[:1]
+            found += int((check_lookup(emu, tokens, ln, max_n, m, seeds_)[:, 0] >= 0).sum())
+    if S >= 8 and vocab <= 5:
+        assert found > 0  # small alphabets: matches happen
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_ngram_lookup_out_of_range_lengths(emu, dtype):
+    # the CPU op raises; the CUDA kernel (which reads no value on the host) clamps into [0, S]
+    big = 2**31 - 1 if dtype == torch.int32 else 2**40
+    for S in (1, 2, 33, 300):
+        tokens, _ = lookup_cases(seed=S, B=8, S=S, vocab=3, dtype=dtype)
+        length = torch.tensor([-1, S + 1, -5, S + 100, -big, big, S, 0], dtype=dtype)
+        for max_n, m in ((1, 1), (2, 9), (4, 5)):
+            check_lookup(emu, tokens, length, max_n, m)
+    # a mixed-dtype pair runs in the common (wider) type, as the torch launcher passes it
+    tokens, _ = lookup_cases(seed=5, B=3, S=40, vocab=3, dtype=torch.int32)
+    check_lookup(emu, tokens, torch.tensor([-(2**40), 2**40, 17]), 3, 4)
+
+
+def test_ngram_lookup_edges(emu):
+    # the docstring's example
+    tokens = torch.tensor([[4, 5, 6, 7, 4, 5, 0], [1, 2, 1, 2, 0, 0, 0]])
+    got = check_lookup(emu, tokens, torch.tensor([6, 4]), 2, 3)
+    assert got.tolist() == [[6, 7, 4], [1, 2, 1]]
+    # constant rows: every end matches with the longest key; the latest wins, period 1
+    for S in (2, 33, 300, 2048):
+        for dtype in (torch.int32, torch.int64):
+            t = torch.full((2, S), 7, dtype=dtype)
+            t[1, :] = torch.arange(S) % 2  # period 2 all along the row
+            exp = check_lookup(emu, t, torch.tensor([S, S], dtype=dtype), 4, 9)
+            assert exp[0].tolist() == [7] * 9
+    # no repeat at all: -1 everywhere; and a key that occurs only at the very start
+    t = torch.arange(300)[None].repeat(2, 1)
+    t[1, 299] = 0
+    exp = check_lookup(emu, t, torch.tensor([300, 300]), 4, 5)
+    assert exp[0].tolist() == [-1] * 5 and exp[1].tolist() == [1, 2, 3, 4, 5]
+    # int64 ids compared at full width: 7 and 2^32 + 7 differ (the drafts are cast to int32)
+    t = torch.tensor([[7, 2**32 + 7, 9, 7]])
+    assert check_lookup(emu, t, torch.tensor([4]), 2, 3, loops=False).tolist() == [[7, 9, 7]]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lookup_inputs(max_b=5, max_s=70), st.integers(0, 2))
+def test_ngram_lookup_hypothesis(emu, args, which):
+    tokens, length, max_n, m = args
+    check_lookup(emu, tokens, length, max_n, m, seeds_=SEEDS[which : which + 1])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lookup_inputs(), st.lists(st.integers(-3, 3), min_size=5, max_size=5))
+def test_ngram_lookup_hypothesis_lengths_past_the_ends(emu, args, shift):
+    # lengths pushed below 0 and past S: the kernel must equal the reference on the clamped length
+    tokens, length, max_n, m = args
+    B, S = tokens.shape
+    off = torch.tensor(shift[:B], dtype=length.dtype)
+    length = torch.where(length == 0, off.clamp(max=0), torch.where(length == S, S + off.clamp(min=0), length))
+    check_lookup(emu, tokens, length, max_n, m)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -47,6 +47,15 @@ def tree_mask(emu, node_parent: torch.Tensor, num_nodes: torch.Tensor, packed: b
     return torch.from_numpy(out)
 
 
+def ngram_lookup(emu, tokens: torch.Tensor, length: torch.Tensor, max_n: int, m: int) -> torch.Tensor:
+    """tokens and length in their common index dtype (int64 if either is), as the torch launcher
+    passes them; length may lie outside [0, S] (the kernel clamps it)."""
+    idx = torch.promote_types(tokens.dtype, length.dtype)
+    drafts = poison(tokens.shape[0], m)
+    emu.ngram_lookup(np_of(tokens.to(idx)), np_of(length.to(idx)), max_n, drafts)
+    return torch.from_numpy(drafts)
+
+
 def verify_greedy(emu, logits: torch.Tensor, beams: torch.Tensor, beam_node: torch.Tensor, strategy: int = 0):
     """``strategy``: 0 the kernel's own choice, 1 the per-node argmax, 2 the lazy depth-by-depth walk."""
     B, W, L = beams.shape

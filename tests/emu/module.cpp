@@ -140,6 +140,22 @@ PYBIND11_MODULE(redrafter_emu, m) {
           "build_trie");
   });
 
+  // ngram_lookup: tokens (B, S) and length (B,) of one index dtype (the launcher's common type)
+  m.def("ngram_lookup", [](py::array tokens, py::array length, int64_t max_n, py::array drafts) {
+    const auto it = index_type(tokens);
+    if (index_type(length) != it) throw std::invalid_argument("tokens and length: one index dtype");
+    if (tokens.ndim() != 2 || length.ndim() != 1 || drafts.ndim() != 2 || length.shape(0) != tokens.shape(0) ||
+        drafts.shape(0) != tokens.shape(0))
+      throw std::invalid_argument("ngram_lookup: shapes");
+    if (!(tokens.flags() & py::array::c_style) || !(length.flags() & py::array::c_style))
+      throw std::invalid_argument("tokens / length must be C-contiguous");
+    for (auto [n, a] : {std::pair<const char*, py::array*>{"tokens", &tokens}, {"length", &length}, {"drafts", &drafts}})
+      region(n, *a);
+    check(rc::ngram_lookup(tokens.mutable_data(), length.mutable_data(), it, tokens.shape(0), tokens.shape(1), max_n,
+                           drafts.shape(1), data<int32_t>(drafts, "drafts"), nullptr),
+          "ngram_lookup");
+  });
+
   m.def("verify_greedy", [](py::array logits, int kind16, py::array beams, py::array beam_node, py::array accept_len,
                             py::array best_beam, py::array path_nodes, py::array next_token) {
     const int64_t B = beams.shape(0), W = beams.shape(1), L = beams.shape(2);
