@@ -83,6 +83,17 @@ def main() -> None:
             row("tree_mask", f"B={B} N={N} packed={packed}", timeit(partial(ops.tree_mask, parent, n, packed)),
                 timeit(partial(ref.tree_mask, parent, n, packed)), out_bytes + B * N * 4, bw)
 
+    for B, S, max_n, m in [(1, 4096, 3, 4), (64, 4096, 3, 4), (256, 2048, 4, 15)]:
+        # a small alphabet, so that keys recur and the drafts come from real matches
+        tokens = torch.randint(0, 50, (B, S), device=dev, generator=g, dtype=torch.int32)
+        length = torch.randint(S // 2, S + 1, (B,), device=dev, generator=g, dtype=torch.int32)
+        got, exp = ops.ngram_lookup(tokens, length, max_n, m), ref.ngram_lookup(tokens, length, max_n, m)
+        assert torch.equal(got, exp), "ngram_lookup differs from the reference"
+        # each row's history read once (at most max_n tokens per end, from cache), lengths in, drafts out
+        nbytes = int(length.sum()) * 4 + B * 4 + B * m * 4
+        row("ngram_lookup", f"B={B} S={S} max_n={max_n} m={m}", timeit(partial(ops.ngram_lookup, tokens, length, max_n, m)),
+            timeit(partial(ref.ngram_lookup, tokens, length, max_n, m)), nbytes, bw)
+
     for B, W, L, V, dt in [(1, 8, 5, 128256, torch.bfloat16), (64, 8, 5, 128256, torch.bfloat16),
                            (16, 64, 5, 32000, torch.float16), (1, 64, 5, 128256, torch.bfloat16),
                            (64, 64, 5, 128256, torch.bfloat16)]:

@@ -53,7 +53,7 @@ import os
 import torch
 import redrafter_ext  # noqa: F401
 print("torch", torch.__version__, "cuda", torch.version.cuda, "module", redrafter_ext.__file__)
-for name in redrafter_ext.ops.CUDA_OPS:
+for name in redrafter_ext.ops.NATIVE_OPS:
     assert torch._C._dispatch_has_kernel_for_dispatch_key(f"redrafter::{name}", "CUDA"), f"no CUDA kernel for {name}"
 if os.environ["DRY"] == "0":
     assert torch.cuda.is_available(), "torch sees no GPU"
