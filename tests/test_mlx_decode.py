@@ -1,5 +1,6 @@
 """The MLX decode loop: models against their torch twins, greedy equality with plain decoding (and
-with the torch backend) on the shipped model, EOS and mixed prompt lengths, sampling, no host reads."""
+with the torch backend) on the shipped model, EOS and mixed prompt lengths, sampling, no host reads,
+the prompt-lookup beam (``lookup=``, as in tests/test_lookup_decode.py for the torch loop)."""
 
 from __future__ import annotations
 
@@ -103,15 +104,16 @@ def test_shipped_drafter_beams_match_torch(shipped):
 # greedy equality
 
 
-@pytest.mark.parametrize("B,W,L", [(1, 2, 4), (3, 2, 3)])
-def test_shipped_greedy_equals_ar_and_torch(shipped, B, W, L):
+@pytest.mark.parametrize("B,W,L,lookup", [(1, 2, 4, 0), (3, 2, 3, 0), (3, 2, 3, 2)])
+def test_shipped_greedy_equals_ar_and_torch(shipped, B, W, L, lookup):
     tt, td, mt, md, prompts = shipped
     prompts = prompts[:B]
     eos = tt.config.eos_token_id
     n = SHIPPED_NEW_TOKENS
-    got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L, eos_id=eos)
+    got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L, eos_id=eos, lookup=lookup)
     ar = rxm.autoregressive_generate(mt, prompts, n, eos_id=eos)
-    torch_out = rx.generate(tt, td, prompts, n, beam_width=W, beam_length=L, eos_id=eos, ops=rx.reference)
+    torch_out = rx.generate(tt, td, prompts, n, beam_width=W, beam_length=L, eos_id=eos, ops=rx.reference,
+                            lookup=lookup)
     assert got.tokens == ar.tokens
     assert got.tokens == torch_out.tokens
     assert all(len(t) == n for t in got.tokens)
@@ -126,11 +128,12 @@ def test_eos_and_mixed_prompt_lengths(tiny):
     eos = free.tokens[1][6]  # a token row 1 emits mid-way: that row (and maybe others) stops there
     ar = rxm.autoregressive_generate(mt, prompts, n, eos_id=eos)
     assert len(ar.tokens[1]) <= 7 and ar.tokens[1][-1] == eos
-    for W, L in [(2, 3), (3, 4), (1, 1)]:
-        got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L, eos_id=eos, check_every=3)
-        assert got.tokens == ar.tokens, (W, L)
-        want = rx.generate(target, drafter, prompts, n, beam_width=W, beam_length=L, eos_id=eos, ops=rx.reference)
-        assert got.tokens == want.tokens, (W, L)
+    for W, L, lookup in [(2, 3, 0), (3, 4, 0), (1, 1, 0), (2, 3, 2), (1, 1, 2)]:
+        got = rxm.generate(mt, md, prompts, n, beam_width=W, beam_length=L, eos_id=eos, check_every=3, lookup=lookup)
+        assert got.tokens == ar.tokens, (W, L, lookup)
+        want = rx.generate(target, drafter, prompts, n, beam_width=W, beam_length=L, eos_id=eos, ops=rx.reference,
+                           lookup=lookup)
+        assert got.tokens == want.tokens, (W, L, lookup)
     assert rxm.generate(mt, md, prompts, 0).tokens == [[], [], []]
     # without EOS no step runs after the last row finished; with it, fewer than check_every
     for W, L in [(2, 3), (1, 1)]:
@@ -273,9 +276,11 @@ OPS = [mref] + [m for m in [rxm.native_ops()] if m is not None]
 
 @pytest.mark.parametrize("ops", OPS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 @pytest.mark.parametrize("sampling", [None, rxm.SamplingParams(1.0, 5, 0.9)])
-def test_decode_step_does_no_host_reads(tiny, forbid_host_reads, monkeypatch, sampling, ops):
+@pytest.mark.parametrize("lookup", [0, 2])
+def test_decode_step_does_no_host_reads(tiny, forbid_host_reads, monkeypatch, sampling, ops, lookup):
     _, _, mt, md = tiny
-    state = rxm.decode._start(mt, [[1, 2, 3], [4, 5, 6, 7, 8]], 8, 7, 3, None, sampling, 0)
+    # slack 9: the trie with the lookup beam, 1 + 4*2
+    state = rxm.decode._start(mt, [[1, 2, 3], [4, 5, 6, 7, 8]], 8, 9, 3, None, sampling, 0, history=lookup > 0)
     forbid_host_reads()
     # negative control: the guard catches a host read
     with pytest.raises(RuntimeError, match="host read"):
@@ -283,7 +288,8 @@ def test_decode_step_does_no_host_reads(tiny, forbid_host_reads, monkeypatch, sa
     with pytest.raises(RuntimeError, match="host read"):
         np.asarray(mx.array([1, 2]))
     for _ in range(2):
-        state, n = rxm.decode_step(mt, md, state, beam_width=3, beam_length=3, ops=ops, sampling=sampling)
+        state, n = rxm.decode_step(mt, md, state, beam_width=3, beam_length=3, ops=ops, sampling=sampling,
+                                   lookup=lookup)
         mx.eval(state.arrays(), n)  # evaluation computes on the device; it reads nothing back
     monkeypatch.undo()
     assert 2 <= min(state.num_out.tolist()) <= 6
@@ -306,7 +312,7 @@ def _biased_ops():
     return ops
 
 
-@pytest.mark.parametrize("method", ["redrafter", "autoregressive", "biased"])
+@pytest.mark.parametrize("method", ["redrafter", "lookup", "autoregressive", "biased"])
 def test_generate_first_tokens_follow_target(method, tmp_path):
     # end to end: many rows of one prompt; the first 3 generated tokens (the prefill sample, then
     # one or two speculative steps) against the target's enumerated joint distribution
@@ -321,9 +327,11 @@ def test_generate_first_tokens_follow_target(method, tmp_path):
     prompt = [1, 4, 2, 7]
     truth = ts.joint_first_tokens(tgt, prompt, n, temperature, top_k, top_p)
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
-    if method in ("redrafter", "biased"):
-        ops = mref if method == "redrafter" else _biased_ops()
-        out = rxm.generate(mt, md, [prompt] * B, n, beam_width=3, beam_length=3, ops=ops, **kw)
+    if method in ("redrafter", "lookup", "biased"):
+        ops = _biased_ops() if method == "biased" else mref
+        # lookup: keys of the prompt recur after its first token, so the extra beam proposes real drafts
+        out = rxm.generate(mt, md, [prompt] * B, n, beam_width=3, beam_length=3, ops=ops,
+                           lookup=2 if method == "lookup" else 0, **kw)
         assert out.tokens_per_step > 1.05  # speculation really commits several tokens per step
     else:
         out = rxm.autoregressive_generate(mt, [prompt] * B, n, **kw)
@@ -414,3 +422,166 @@ def test_feature_layers_drafter_is_refused(tmp_path):
     rx.Drafter(rx.DrafterConfig(32, 100, 1, feature_layers=[2])).save_pretrained(tmp_path / "d")
     with pytest.raises(ValueError, match=r"conditions on target layers \[2\].*MLX backend does not support"):
         rxm.Drafter.from_pretrained(tmp_path / "d")
+
+
+# ------------------------------------------------------------------------------------------------
+# the prompt-lookup beam (lookup=n, docs/lookup.md; the torch loop's tests/test_lookup_decode.py)
+
+# repeats inside the prompts, so that keys occur and the lookup beam proposes real continuations
+LOOKUP_PROMPTS = [[5, 17, 3, 9, 22, 5, 17, 3, 9, 41, 8], [60, 2, 60, 2, 60], [11, 12, 13, 14, 11, 12]]
+
+
+def _history_holds_prompt_and_output(out, prompts) -> None:
+    st = out.state
+    cache_len = st.cache_len.tolist()
+    history = st.history.tolist()
+    for b, (p, t) in enumerate(zip(prompts, out.tokens)):
+        assert cache_len[b] == len(p) + len(t), b  # every committed token has its K/V slot
+        assert history[b][: cache_len[b]] == p + t, b
+
+
+@pytest.fixture(scope="module")
+def lookup_ar(tiny):
+    _, _, mt, _ = tiny
+    return rxm.autoregressive_generate(mt, LOOKUP_PROMPTS, 24)
+
+
+@pytest.mark.parametrize("W,L", [(1, 2), (1, 4), (2, 3), (4, 4)])
+@pytest.mark.parametrize("lookup", [1, 2, 3])
+def test_greedy_with_lookup_equals_ar_and_torch(tiny, lookup_ar, W, L, lookup):
+    target, drafter, mt, md = tiny
+    got = rxm.generate(mt, md, LOOKUP_PROMPTS, 24, beam_width=W, beam_length=L, lookup=lookup)
+    assert got.tokens == lookup_ar.tokens
+    want = rx.generate(target, drafter, LOOKUP_PROMPTS, 24, beam_width=W, beam_length=L, ops=rx.reference,
+                       lookup=lookup)
+    assert got.tokens == want.tokens
+    _history_holds_prompt_and_output(got, LOOKUP_PROMPTS)
+    # the trie had room for the extra beam, and the cache for that trie
+    assert max(got.nodes) <= (1 + (W + 1) * (L - 1)) * max(got.steps)
+    assert got.state.history.shape == (3, got.state.kv.shape[4])
+    assert got.state.kv.shape[4] >= max(map(len, LOOKUP_PROMPTS)) + 24 + 1 + (W + 1) * (L - 1)
+
+
+def test_lookup_off_has_no_history(tiny):
+    _, _, mt, md = tiny
+    out = rxm.generate(mt, md, LOOKUP_PROMPTS, 8, beam_width=2, beam_length=3)
+    assert out.state.history is None
+
+
+@pytest.mark.parametrize("ops", OPS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_lookup_beam_content(tiny, ops):
+    # rows: a key that occurred (continuation with its period), and one that never did (beam 0 copied)
+    _, _, mt, _ = tiny
+    state = rxm.decode._start(mt, [[4, 5, 6, 7, 4, 5], [1, 2, 3]], 8, 9, None, None, None, 0, history=True)
+    state = dataclasses.replace(state, token=mx.array([6, 9], dtype=mx.int32))
+    beams = mx.array([[[6, 1, 1, 1]], [[9, 2, 2, 2]]], dtype=mx.int32)
+    got, hist = rxm.decode._with_lookup_beam(state, beams, 2, ops)
+    assert got.shape == (2, 2, 4) and got.dtype == mx.int32
+    # row 0: history 4 5 6 7 4 5 + token 6, key (5, 6) at 1..2: continuation 7 4 5
+    assert got.tolist() == [[[6, 1, 1, 1], [6, 7, 4, 5]], [[9, 2, 2, 2], [9, 2, 2, 2]]]
+    # the guaranteed token is in its slot, nothing else changed
+    assert hist[:, :7].tolist() == [[4, 5, 6, 7, 4, 5, 6], [1, 2, 3, 9, 0, 0, 0]]
+    assert hist[:, 7:].tolist() == state.history[:, 7:].tolist()
+
+
+def test_greedy_with_lookup_eos_and_policy(tiny):
+    target, drafter, mt, md = tiny
+    n = 24
+    eos = rxm.autoregressive_generate(mt, LOOKUP_PROMPTS, n).tokens[0][9]
+    ar = rxm.autoregressive_generate(mt, LOOKUP_PROMPTS, n, eos_id=eos)
+    out = rxm.generate(mt, md, LOOKUP_PROMPTS, n, beam_width=2, beam_length=5, eos_id=eos, lookup=2)
+    assert out.tokens == ar.tokens
+    _history_holds_prompt_and_output(out, LOOKUP_PROMPTS)
+    # under a policy: switches between AR and drafting shapes, one cache sized for W+1 beams
+    script = [((1, 1), 2), ((2, 3), 1), ((1, 5), 3), ((3, 4), 2)]
+    menu = tuple(e for e, _ in script)
+    out = rxm.generate(mt, md, LOOKUP_PROMPTS, n, eos_id=eos, policy=_Scripted(script, menu), lookup=2)
+    assert out.tokens == ar.tokens
+    _history_holds_prompt_and_output(out, LOOKUP_PROMPTS)
+    assert out.state.kv.shape[4] >= max(map(len, LOOKUP_PROMPTS)) + n + 1 + 4 * 3  # (3, 4) with the extra beam
+    policy = SpeculationPolicy(menu=((1, 1), (1, 3), (2, 4)), probe=2)
+    out = rxm.generate(mt, md, LOOKUP_PROMPTS, n, eos_id=eos, policy=policy, lookup=3)
+    assert out.tokens == ar.tokens
+    _history_holds_prompt_and_output(out, LOOKUP_PROMPTS)
+    want = rx.generate(target, drafter, LOOKUP_PROMPTS, n, eos_id=eos, policy=SpeculationPolicy(
+        menu=((1, 1), (1, 3), (2, 4)), probe=2), lookup=3, ops=rx.reference)
+    assert out.tokens == want.tokens
+
+
+def test_sampling_with_lookup_reproducible_and_uniform_shape(tiny):
+    _, _, mt, md = tiny
+    kw = dict(beam_width=2, beam_length=3, temperature=1.0, top_k=20, lookup=2)
+    a = rxm.generate(mt, md, LOOKUP_PROMPTS, 16, seed=7, **kw)
+    assert a.tokens == rxm.generate(mt, md, LOOKUP_PROMPTS, 16, seed=7, **kw).tokens
+    _history_holds_prompt_and_output(a, LOOKUP_PROMPTS)
+    # explicit uniforms cover the W+1 beams
+    state = rxm.decode._start(mt, LOOKUP_PROMPTS, 8, 7, None, None, None, 0, history=True)
+    sampling = rxm.SamplingParams(0.8, 0, 0.9)
+    u = (mx.random.uniform(shape=(3, 2, 3), key=mx.random.key(1)), mx.random.uniform(shape=(3,), key=mx.random.key(2)))
+    x, nx = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, ops=mref, sampling=sampling, uniforms=u,
+                            lookup=2)
+    y, ny = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, ops=mref, sampling=sampling, uniforms=u,
+                            lookup=2)
+    assert x.out.tolist() == y.out.tolist() and nx.tolist() == ny.tolist()
+
+
+def test_lookup_rejects_bad_arguments(tiny):
+    _, _, mt, md = tiny
+    for bad in (-1, True, 1.5, 1 << 16):
+        with pytest.raises(ValueError, match="generate: lookup must be"):
+            rxm.generate(mt, md, LOOKUP_PROMPTS, 4, beam_width=2, beam_length=3, lookup=bad)
+    state = rxm.decode._start(mt, LOOKUP_PROMPTS, 8, 13, None, None, None, 0)  # no history
+    with pytest.raises(ValueError, match="decode_step: lookup must be"):
+        rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, lookup=-1)
+    with pytest.raises(ValueError, match="decode_step: lookup=2 needs state.history"):
+        rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, lookup=2)
+    state = rxm.decode._start(mt, LOOKUP_PROMPTS, 8, 13, None, None, None, 0, history=True)
+    for bad, msg in ((state.history[:, :-1], "state.history must have S"),
+                     (state.history.astype(mx.int64), "state.history must have dtype"),
+                     (state.history[:2], "state.history has batch 2"),
+                     (state.history[0], "state.history must have")):
+        with pytest.raises((ValueError, TypeError), match=msg):
+            rxm.decode_step(mt, md, dataclasses.replace(state, history=bad), beam_width=2, beam_length=3, lookup=2)
+    # the trie with the lookup beam must fit the cache: 1 + 3*2 = 7 slots, not 1 + 2*2 = 5 (S = 6)
+    st = rxm.decode._start(mt, [[1, 2, 3]], 2, 1, None, 6, None, 0, history=True)
+    st = dataclasses.replace(st, out=mx.zeros((1, 2 + 3), dtype=mx.int32))  # max_new_tokens + L columns
+    rxm.decode_step(mt, md, st, beam_width=2, beam_length=3)  # without the lookup beam it fits
+    with pytest.raises(ValueError, match="the trie needs N"):
+        rxm.decode_step(mt, md, st, beam_width=2, beam_length=3, lookup=2)
+
+
+def test_lookup_cache_room_counts_the_extra_beam(tiny):
+    # S = 12, W=2 L=3: N = 5 without the lookup beam, 7 with it; row 1 (cache_len 6) fits only without
+    _, _, mt, md = tiny
+    state = rxm.decode._start(mt, [[1, 2, 3], [4, 5, 6, 7, 8, 9]], 4, 4, None, None, None, 0, history=True)
+    state = dataclasses.replace(state, kv=state.kv[:, :, :, :, :12], history=state.history[:, :12])
+    off, _ = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3)
+    assert off.overflow.tolist() == [False, False]
+    on, n = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, lookup=2)
+    assert on.overflow.tolist() == [False, True] and n.tolist()[1] == 0 and on.cache_len.tolist()[1] == 6
+    assert on.history[1, :6].tolist() == state.history[1, :6].tolist()
+    with pytest.raises(ValueError, match="cache overflow in row 1"):
+        on.check_overflow()
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_lookup_beam_is_accepted_where_the_text_repeats(seed, tmp_path):
+    # a small random target's greedy output falls into a cycle (seed 2: period 2, then 6): the lookup
+    # beam proposes the cycle, so a drafter that is always wrong still commits several tokens a step
+    class Wrong:
+        def beam_search(self, hidden, token, embed_weight, W, L, ops):
+            zeros = mx.zeros((token.shape[0], W, L - 1), dtype=mx.int32)
+            root = mx.broadcast_to(token[:, None, None].astype(mx.int32), (token.shape[0], W, 1))
+            return mx.concatenate([root, zeros], axis=2)
+
+    target = random_target(vocab=5, hidden=32, layers=1, seed=seed)
+    target.save_pretrained(tmp_path / "t")
+    mt = rxm.LlamaTarget.from_pretrained(tmp_path / "t")
+    prompt = [[1, 3, 1, 3, 1, 3]]
+    ar = rxm.autoregressive_generate(mt, prompt, 64)
+    off = rxm.generate(mt, Wrong(), prompt, 64, beam_width=1, beam_length=4)
+    on = rxm.generate(mt, Wrong(), prompt, 64, beam_width=1, beam_length=4, lookup=2)
+    assert on.tokens == off.tokens == ar.tokens
+    assert ar.tokens == rx.autoregressive_generate(target, prompt, 64).tokens  # the torch twin's cycle
+    assert on.steps[0] <= 0.6 * off.steps[0]
+    _history_holds_prompt_and_output(on, prompt)

@@ -2,12 +2,13 @@
 
 One step, for B rows at once (W beams of L tokens, N = 1 + W*(L-1) trie nodes):
     beams        = drafter.beam_search(hidden, token)              # (B, W, L)
+                   (lookup > 0: + one prompt-lookup beam, ops.ngram_lookup over state.history: W+1 beams)
     trie         = ops.build_trie(beams)                           # (B, N) tokens/parents/depths
     mask         = ops.tree_mask(parent, num_nodes)                # (B, N, N) ancestor-or-self
     logits, h, kv = target(trie tokens, cache_len + depth, mask)   # (B, N, V), K/V at cache_len+n
     accept       = ops.verify_greedy(logits, beams, beam_node)     # or ops.verify_sample(...)
     kv, cache_len = ops.kv_compact(kv, cache_len, path_nodes, accept)
-    commit root + accepted tokens to the output buffer; hidden, token <- last accepted node
+    commit root + accepted tokens to the output buffer (and the history); hidden, token <- last accepted node
 
 The same algorithm as ``redrafter_ext.decode``, written functionally: MLX arrays are immutable, so
 ``decode_step`` returns a new ``DecodeState`` instead of updating one in place. Everything stays
@@ -29,8 +30,8 @@ import mlx.core as mx
 
 from .. import _generate_common as common  # the host-side parts both backends' loops share
 from .._generate_common import GenerateOutput, Progress, Verified
-from .._scalar_checks import check_sampling
-from .._shape_checks import OPS, num_nodes_max
+from .._scalar_checks import check_int, check_sampling
+from .._shape_checks import NGRAM_MAX, OPS, num_nodes_max
 from ..policy import SpeculationPolicy
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
@@ -103,6 +104,9 @@ class DecodeState:
     key        mx.random key for the sampling uniforms (None when greedy)
     overflow   (B,) bool    the row lacked cache room for a step and was stopped (None: never checked);
                see ``decode_step`` and ``check_overflow``
+    history    (B, S) int32 or None  the token of every cache slot: ``history[b, :cache_len[b]]`` is the
+               row's prompt + committed tokens (slots past it are scratch). Needed by the lookup beam
+               (``decode_step(lookup=n)``); every step keeps it current when present
     """
 
     kv: mx.array
@@ -118,6 +122,7 @@ class DecodeState:
     eos_id: int | None = None
     key: mx.array | None = None
     overflow: mx.array | None = None
+    history: mx.array | None = None
 
     def check_overflow(self) -> None:
         """Raise ``ValueError`` naming the first row ``decode_step`` stopped for lack of cache room.
@@ -131,17 +136,19 @@ class DecodeState:
         c = self.cache_len.tolist()[b]  # sync-ok: error path
         S = self.kv.shape[4]
         raise ValueError(f"decode_step: cache overflow in row {b}: cache_len = {c} leaves room for {max(S - c, 0)} of "
-                         f"the S = {S} cache slots, fewer than the N = 1 + W*(L-1) tree slots a step writes; the "
+                         f"the S = {S} cache slots, fewer than the N = 1 + W*(L-1) tree slots a step writes "
+                         "(W+1 beams with the lookup beam); the "
                          "row was stopped without committing (every row, finished or not, needs cache_len + N <= S)")
 
     def arrays(self) -> list[mx.array]:
         """Every array of the state (for ``mx.eval``/``mx.async_eval``)."""
         return [v for f in fields(self) if isinstance(v := getattr(self, f.name), mx.array)]
 
-    def check(self, target, beam_width: int, beam_length: int) -> None:
+    def check(self, target, beam_width: int, beam_length: int, lookup: int = 0) -> None:
         """Metadata checks of every field (no values are read)."""
         op = "decode_step"
         common.check_beam_shape(op, beam_width, beam_length)
+        check_int(op, "lookup", lookup, 0, NGRAM_MAX)
         check_array(op, "state.kv", self.kv, "n_layers, 2, B, H_kv, S, D", FLOAT_DTYPES)
         if self.kv.shape[1] != 2:
             raise ValueError(f"{op}: state.kv must have shape (n_layers, 2, B, H_kv, S, D), got {tuple(self.kv.shape)}")
@@ -151,19 +158,36 @@ class DecodeState:
         for name in ("cache_len", "token", "num_out", "steps", "nodes"):
             check_array(op, f"state.{name}", getattr(self, name), "B", (mx.int32,))
         check_array(op, "state.done", self.done, "B", (mx.bool_,))
+        if lookup and self.history is None:
+            raise ValueError(f"{op}: lookup={lookup} needs state.history, the (B, S) int32 tokens of the cache "
+                             "slots (generate allocates it when lookup > 0)")
+        if self.history is not None:
+            check_array(op, "state.history", self.history, "B, S", (mx.int32,))
+            if self.history.shape[1] != S:
+                raise ValueError(f"{op}: state.history must have S = {S} columns (one per cache slot), "
+                                 f"got shape {tuple(self.history.shape)}")
         batches = {"state.kv": self.kv.shape[2], "state.hidden": self.hidden.shape[0], "state.out": self.out.shape[0]}
         for name in ("cache_len", "token", "num_out", "done", "steps", "nodes"):
             batches[f"state.{name}"] = getattr(self, name).shape[0]
+        if self.history is not None:
+            batches["state.history"] = self.history.shape[0]
         common.check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id,
-                                 beam_width, beam_length, S, self.out.shape[1])
+                                 beam_width + _lookup_beams(lookup, beam_length), beam_length, S, self.out.shape[1])
 
 
 def decode_step(
     target, drafter, state: DecodeState, *, beam_width: int, beam_length: int, ops: ModuleType | None = None,
     sampling: SamplingParams | None = None, uniforms: tuple[mx.array, mx.array] | None = None,
-    check_room: bool = True,
+    check_room: bool = True, lookup: int = 0,
 ) -> tuple[DecodeState, mx.array]:
     """One ReDrafter step for every row. Lazy: builds the graph and never reads a value on the host.
+
+    Lookup beam (``lookup = n > 0``, L > 1): beside the drafter's W beams, one more beam proposes
+    the L-1 tokens that followed the latest earlier occurrence of the row's last (at most n)
+    tokens in ``state.history`` (prompt + output: ``ops.ngram_lookup``), or, where none occurred,
+    a copy of beam 0 (which the trie merges away). The trie then has up to ``N = 1 + (W+1)*(L-1)``
+    nodes. Verification treats it like any beam, so greedy output stays the target's and sampling
+    stays exact (every draft is a point-mass proposal; docs/lookup.md). As in the torch loop.
 
     Cache room: the fixed-shape tree forward writes ``N = 1 + W*(L-1)`` K/V slots from
     ``cache_len[b]`` in every row, finished rows included, so each row needs
@@ -181,16 +205,18 @@ def decode_step(
         ops: a module with the six ops (default: ``default_ops()``).
         sampling: None or greedy for ``verify_greedy``; otherwise exact sampling (``verify_sample``)
             with uniforms drawn from ``state.key``.
-        uniforms: optional ``(accept_u (B, L-1, W), sample_u (B,))`` float32 to use instead of
-            drawing them (tests, replay); requires a non-greedy ``sampling``.
+        uniforms: optional ``(accept_u (B, L-1, W'), sample_u (B,))`` float32 to use instead of
+            drawing them (tests, replay), W' = W + 1 with a lookup beam; requires a non-greedy
+            ``sampling``.
         check_room: stop and flag rows without room (above); pass False only when the caller has
             proved the room on the host, as ``generate`` does.
+        lookup: the lookup beam's longest key (0: no lookup beam); needs ``state.history``.
 
     Returns:
         ``(new_state, n_commit)``: ``n_commit (B,)`` int32 tokens committed per row (0 when finished).
     """
     ops = ops or default_ops()
-    state.check(target, beam_width, beam_length)
+    state.check(target, beam_width, beam_length, lookup)
     W, L = beam_width, beam_length
     greedy = sampling is None or sampling.greedy
     if uniforms is not None and greedy:
@@ -199,6 +225,9 @@ def decode_step(
 
     # 1-3: draft, merge into a trie, build the ancestor mask
     beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
+    history = state.history
+    if _lookup_beams(lookup, L):
+        beams, history = _with_lookup_beam(state, beams, lookup, ops)  # [B, W+1, L]
     node_token, node_parent, node_depth, beam_node, num_nodes = ops.build_trie(beams)
     mask = ops.tree_mask(node_parent, num_nodes)  # [B, N, N]
 
@@ -213,15 +242,44 @@ def decode_step(
             if key is None:
                 raise ValueError("decode_step: sampling needs state.key (an mx.random.key)")
             key, k_acc, k_next = mx.random.split(key, 3)
-            uniforms = (mx.random.uniform(shape=(B, L - 1, W), key=k_acc), mx.random.uniform(shape=(B,), key=k_next))
+            Wb = beams.shape[1]  # W, or W + 1 with the lookup beam
+            uniforms = (mx.random.uniform(shape=(B, L - 1, Wb), key=k_acc), mx.random.uniform(shape=(B,), key=k_next))
         verified = Verified(*ops.verify_sample(logits, beams, beam_node, uniforms[0], uniforms[1],
                                                float(sampling.temperature), int(sampling.top_k),
                                                float(sampling.top_p)))
     no_room = None
     if check_room:
         S = state.kv.shape[4]
-        no_room = (state.cache_len < 0) | (state.cache_len > S - num_nodes_max(W, L))
-    return _commit(state, kv, key, beams, verified, hidden, num_nodes, ops, no_room)
+        no_room = (state.cache_len < 0) | (state.cache_len > S - num_nodes_max(W + _lookup_beams(lookup, L), L))
+    return _commit(replace(state, history=history), kv, key, beams, verified, hidden, num_nodes, ops, no_room)
+
+
+def _lookup_beams(lookup: int, L: int) -> int:
+    """How many beams the lookup adds: one when it is on and there is something to draft."""
+    return 1 if lookup > 0 and L > 1 else 0
+
+
+def _write_slots(history: mx.array, start: mx.array, tokens: mx.array) -> mx.array:
+    """``history (B, S)`` with ``tokens (B, k)`` at slots ``start[b] .. start[b]+k-1``, those past S
+    dropped. A dense select rather than a scatter: no index can leave the row, whatever ``start``
+    holds (a row without cache room is stopped in the graph, not refused on the host)."""
+    k = tokens.shape[1]
+    rel = mx.arange(history.shape[1], dtype=mx.int32)[None, :] - start[:, None]  # [B, S] slot - start
+    picked = mx.take_along_axis(tokens.astype(mx.int32), mx.clip(rel, 0, k - 1), axis=1)
+    return mx.where((rel >= 0) & (rel < k), picked, history)
+
+
+def _with_lookup_beam(state: DecodeState, beams: mx.array, lookup: int, ops) -> tuple[mx.array, mx.array]:
+    """``beams (B, W, L)`` + the prompt-lookup beam: ``(beams (B, W+1, L) int32, history)``, the
+    history with the guaranteed token written at slot ``cache_len``."""
+    L = beams.shape[2]
+    beams = beams.astype(mx.int32)
+    # the key ends with the guaranteed token: put it in its slot (the commit writes the same token there)
+    hist = _write_slots(state.history, state.cache_len, state.token[:, None])
+    drafts = ops.ngram_lookup(hist, state.cache_len + 1, lookup, L - 1).astype(mx.int32)  # [B, L-1], -1: none
+    drafts = mx.where(drafts[:, :1] >= 0, drafts, beams[:, 0, 1:])
+    extra = mx.concatenate([state.token[:, None].astype(mx.int32), drafts], axis=1)
+    return mx.concatenate([beams, extra[:, None]], axis=1), hist
 
 
 def _gather_rows(a: mx.array, idx: mx.array) -> mx.array:
@@ -252,6 +310,9 @@ def _commit(state: DecodeState, kv: mx.array, key: mx.array | None, beams: mx.ar
     n_commit = mx.where(state.done, 0, n_commit).astype(mx.int32)
     last = n_commit - 1  # the last committed path position, -1 for inactive rows
 
+    # the whole path at its slots: those past the new cache_len are scratch
+    history = None if state.history is None else _write_slots(state.history, state.cache_len, path_tokens)
+
     # 6: keep only the committed path's K/V; cache_len += n_commit
     kv, cache_len = ops.kv_compact(kv, state.cache_len, v.path_nodes, last)
 
@@ -279,6 +340,7 @@ def _commit(state: DecodeState, kv: mx.array, key: mx.array | None, beams: mx.ar
         nodes=state.nodes + mx.where(active, num_nodes, 0).astype(mx.int32),
         key=key,
         overflow=overflow,
+        history=history,
     )
     return new, n_commit
 
@@ -311,8 +373,9 @@ def _sampling_or_none(temperature: float, top_k: int, top_p: float) -> SamplingP
 
 
 def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None, max_len: int | None,
-           sampling: SamplingParams | None, seed: int) -> DecodeState:
-    """Validate, allocate the cache and prefill (the first token sampled when ``sampling``)."""
+           sampling: SamplingParams | None, seed: int, history: bool = False) -> DecodeState:
+    """Validate, allocate the cache and prefill (the first token sampled when ``sampling``);
+    ``history``: also the (B, S) token history, the prompts in it."""
     common.check_generate_args(max_new_tokens, eos_id, target.vocab_size)
     tokens, lengths = _prepare_prompts(target, prompts, max_new_tokens)
     B, T = tokens.shape
@@ -331,6 +394,7 @@ def _start(target, prompts, max_new_tokens: int, slack: int, eos_id: int | None,
         out=mx.zeros((B, max_new_tokens + slack), dtype=mx.int32), num_out=z,
         done=mx.full((B,), max_new_tokens == 0, dtype=mx.bool_), steps=z, nodes=z,
         max_new_tokens=max_new_tokens, eos_id=eos_id, key=key,
+        history=mx.pad(tokens, ((0, 0), (0, S - T))) if history else None,
     )
     mx.eval(state.arrays())
     return state
@@ -364,7 +428,7 @@ def generate(
     target, drafter, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *,
     beam_width: int | str = 4, beam_length: int | str = 4, eos_id: int | None = None, ops: ModuleType | None = None,
     check_every: int | None = None, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0,
-    top_p: float = 1.0, seed: int = 0, policy: SpeculationPolicy | None = None,
+    top_p: float = 1.0, seed: int = 0, policy: SpeculationPolicy | None = None, lookup: int = 0,
 ) -> GenerateOutput:
     """ReDrafter generation on MLX: prefill, then ``decode_step`` until every row is done.
 
@@ -377,6 +441,8 @@ def generate(
             from measured cost and acceptance, as in the torch ``generate``; pass the same one to
             successive calls to keep its calibration. Greedy output is identical to plain decoding
             whatever it picks.
+        lookup: add the prompt-lookup beam to every drafting step, with keys of at most this many
+            tokens (0: off; ``decode_step``): the trie gets up to ``1 + (W+1)*(L-1)`` nodes.
         eos_id: stop a row after it commits this token.
         ops: a module with the six ops (default: native ``redrafter_ext.mlx.ops`` when present, else
             ``redrafter_ext.mlx.reference``).
@@ -393,29 +459,32 @@ def generate(
     """
     check_every = common.check_every_arg(check_every)
     policy = common.policy_arg(beam_width, beam_length, policy)
+    lookup = check_int("generate", "lookup", lookup, 0, NGRAM_MAX)
     sampling = _sampling_or_none(temperature, top_k, top_p)
     ops = ops or default_ops()
     if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
-        state = _start(target, prompts, max_new_tokens, max(policy.max_nodes, policy.max_length), eos_id, max_len,
-                       sampling, seed)
+        N = max(num_nodes_max(w + _lookup_beams(lookup, n), n) for w, n in policy.menu)
+        state = _start(target, prompts, max_new_tokens, max(N, policy.max_length), eos_id, max_len,
+                       sampling, seed, history=lookup > 0)
         box = [state]
 
         def step_wl(W: int, L: int) -> None:
             box[0], _ = decode_step(target, drafter, box[0], beam_width=W, beam_length=L, ops=ops, sampling=sampling,
-                                    check_room=False)
+                                    check_room=False, lookup=lookup)
             mx.async_eval(box[0].arrays())
 
         calls = common.run_policy(step_wl, lambda: _progress(box[0]), policy, sampling, max_new_tokens,
                                   check_every, eos_id is not None, batch=state.token.shape[0])
         return _finish(box[0], calls)
-    N = num_nodes_max(beam_width, beam_length)
-    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed)
+    N = num_nodes_max(beam_width + _lookup_beams(lookup, beam_length), beam_length)
+    state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed,
+                   history=lookup > 0)
     box = [state]
 
     def step() -> None:
         # check_room=False: _start proved S >= prompt + max_new_tokens + N, which bounds every cache_len
         box[0], _ = decode_step(target, drafter, box[0], beam_width=beam_width, beam_length=beam_length, ops=ops,
-                                sampling=sampling, check_room=False)
+                                sampling=sampling, check_room=False, lookup=lookup)
         mx.async_eval(box[0].arrays())  # schedules the step; the host runs ahead to build the next
 
     calls = common.run_until_done(step, lambda: _progress(box[0]), max_new_tokens, beam_length, check_every,
