@@ -93,10 +93,11 @@ def main() -> None:
                 either += ok_l or ok_d
         print(f"{n:>2} {tot:>9} {prop / tot:>15.3f} {right / tot:>12.3f} {right / max(prop, 1):>9.3f} "
               f"{dr / tot:>13.3f} {either / tot:>12.3f}")
-    print(f"\n{'shape':>5} {'positions':>9} {'drafter tokens/step':>19} {'+ lookup beam':>13}")
+    print(f"\n{'shape':>5} {'positions':>9} {'drafter tokens/step':>19} {'+ lookup beam':>13} "
+          f"{'lookup instead of beam W':>24}")
     for shape in a.shapes.split(","):
         W, L = (int(x) for x in shape.split("x"))
-        n_pos = plain = plus = 0
+        n_pos = plain = plus = instead = 0
         with torch.no_grad():
             for r in recs:
                 t, P, h = r["tokens"].long(), r["prompt_len"], r["hidden"].float()
@@ -110,7 +111,11 @@ def main() -> None:
                 n_pos += len(js)
                 plain += accepted_tokens(beams, truth).sum().item()
                 plus += accepted_tokens(torch.cat([beams.long(), lookup[:, None].long()], 1), truth).sum().item()
-        print(f"{shape:>5} {n_pos:>9} {plain / n_pos:>19.2f} {plus / n_pos:>13.2f}")
+                # the same nodes as the drafter alone: the lookup beam takes the last drafter beam's place where it found one
+                swapped = beams.long().clone()
+                swapped[:, -1] = torch.where(lookup[:, :1] >= 0, lookup.long(), swapped[:, -1])
+                instead += accepted_tokens(swapped, truth).sum().item()
+        print(f"{shape:>5} {n_pos:>9} {plain / n_pos:>19.2f} {plus / n_pos:>13.2f} {instead / n_pos:>24.2f}")
 
 
 if __name__ == "__main__":
