@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 import redrafter_ext as rx
+from redrafter_ext._shape_checks import menu_nodes_max, num_nodes_max
 from redrafter_ext.demo import DEFAULT_MODEL, DTYPES, load_named
 from redrafter_ext.policy import SpeculationPolicy
 from redrafter_ext.profiling import STAGES, StageTimer, choose_threads, cpu_name
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
                             for c in batches
                         ]
 
-                    if not measure(W, L, 1 + (W + (lookup > 0)) * (L - 1), gen, lookup):
+                    if not measure(W, L, num_nodes_max(W, L, lookup), gen, lookup):
                         return 1
         for lookup in a.lookup if policy is not None else ():
             # one policy per lookup setting: its cost and acceptance figures depend on it
@@ -195,8 +196,7 @@ def main(argv=None) -> int:
                 return [rx.generate(target, drafter, c, a.max_new_tokens, policy=pol, eos_id=eos, timer=timer,
                                     lookup=lookup, **sampling) for c in batches]
 
-            nodes = max(1 + (w + (lookup > 0 and n > 1)) * (n - 1) for w, n in pol.menu)
-            if not measure("auto", "auto", nodes, gen_policy, lookup):
+            if not measure("auto", "auto", menu_nodes_max(pol.menu, lookup), gen_policy, lookup):
                 return 1
 
     csv_file.close()

@@ -46,7 +46,7 @@ from ._generate_common import (
     run_until_done,
 )
 from ._scalar_checks import check_int, check_sampling
-from ._shape_checks import NGRAM_MAX, num_nodes_max
+from ._shape_checks import NGRAM_MAX, lookup_beams, menu_nodes_max, num_nodes_max
 from .models import PagedKV
 from .policy import SpeculationPolicy
 from .profiling import StageTimer
@@ -208,7 +208,7 @@ class DecodeState:
         if self.history is not None:
             batches["state.history"] = self.history.shape[0]
         check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id,
-                          beam_width + _lookup_beams(lookup, beam_length), beam_length, S, self.out.shape[1])
+                          beam_width + lookup_beams(lookup, beam_length), beam_length, S, self.out.shape[1])
 
 
 @torch.no_grad()
@@ -259,7 +259,7 @@ def decode_step(
     ops = ops or default_ops()
     state.check(target, beam_width, beam_length, lookup)
     if check_room:
-        _check_overflow(state, num_nodes_max(beam_width + _lookup_beams(lookup, beam_length), beam_length))
+        _check_overflow(state, num_nodes_max(beam_width, beam_length, lookup))
     if isinstance(state.kv, PagedKV) and getattr(ops, "kv_compact_paged", None) is None:
         raise ValueError(f"decode_step: ops {getattr(ops, '__name__', ops)!r} has no kv_compact_paged (paged cache)")
     if uniforms is not None and (sampling is None or sampling.greedy):
@@ -270,11 +270,6 @@ def decode_step(
     target, drafter, ops = timer.hooks(target, drafter, ops)
     with timer.section("step"):
         return _step(target, drafter, state, beam_width, beam_length, ops, sampling, uniforms, lookup)
-
-
-def _lookup_beams(lookup: int, L: int) -> int:
-    """How many beams the lookup adds: one when it is on and there is something to draft."""
-    return 1 if lookup > 0 and L > 1 else 0
 
 
 def _with_lookup_beam(state: DecodeState, beams: Tensor, lookup: int, ops) -> Tensor:
@@ -553,12 +548,12 @@ def generate(
     lookup = check_int("generate", "lookup", lookup, 0, NGRAM_MAX)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
     if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
-        N = max(num_nodes_max(w + _lookup_beams(lookup, n), n) for w, n in policy.menu)
+        N = menu_nodes_max(policy.menu, lookup)
         state = _start(target, prompts, max_new_tokens, max(N, policy.max_length), eos_id, max_len,
                        sampling, paged_kv, history=lookup > 0)
         return _run_policy(target, drafter, state, policy, check_every, ops=ops, timer=timer, sampling=sampling,
                            lookup=lookup)
-    N = num_nodes_max(beam_width + _lookup_beams(lookup, beam_length), beam_length)
+    N = num_nodes_max(beam_width, beam_length, lookup)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, paged_kv,
                    history=lookup > 0)
     step = _stepper(target, drafter, state, ops, timer, sampling, lookup)

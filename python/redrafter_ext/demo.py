@@ -27,6 +27,7 @@ import torch
 from . import ops as native_ops
 from . import reference
 from ._generate_common import policy_arg
+from ._shape_checks import menu_nodes_max, num_nodes_max
 from .corpus import load_prompts
 from .decode import autoregressive_generate, generate
 from .drafter import Drafter, DrafterConfig, auto_dtype
@@ -213,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.lookup < 0:
         print(f"[demo] error: --lookup must be >= 0, got {a.lookup}", file=sys.stderr)
         return 2
-    extra = int(a.lookup > 0)
-    N = (max(1 + (w + extra * (n > 1)) * (n - 1) for w, n in policy.menu) if policy
-         else 1 + (W + extra * (L > 1)) * (L - 1))
+    N = menu_nodes_max(policy.menu, a.lookup) if policy else num_nodes_max(W, L, a.lookup)
     shape = (f"W=auto L=auto (speculation policy over {' '.join(f'{w}x{n}' for w, n in policy.menu)})" if policy
              else f"W={W} L={L}")
     print(f"target: {desc}, {n_params(target)} params ({target.embed_weight.dtype}); drafter: {n_params(drafter)} "

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ._scalar_checks import check_int, check_real, is_int
+from ._shape_checks import menu_nodes_max
 
 __all__ = ["DEFAULT_MENU", "PolicyWindows", "SpeculationPolicy"]
 
@@ -201,7 +202,7 @@ class SpeculationPolicy:
     @property
     def max_nodes(self) -> int:
         """The largest trie of the menu, N = 1 + W*(L-1): the cache room every step needs."""
-        return max(1 + w * (length - 1) for w, length in self.menu)
+        return menu_nodes_max(self.menu)
 
     def _entries(self):
         """(context, entry, its _Entry) for everything observed."""

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ._generate_common import check_context, prompt_rows
 from ._scalar_checks import check_eos_id, check_int
-from ._shape_checks import NGRAM_MAX, num_nodes_max
+from ._shape_checks import NGRAM_MAX, lookup_beams, num_nodes_max
 from .decode import GREEDY, DecodeState, SamplingParams, decode_step
 from .models import PagedKV
 
@@ -117,7 +117,7 @@ class Batch:
         self.lookup = check_int("Batch", "lookup", lookup, 0, NGRAM_MAX)
         self.target, self.sampling = target, sampling
         self.W, self.L = beam_width, beam_length
-        self.N = num_nodes_max(beam_width + self._extra(beam_length), beam_length)
+        self.N = num_nodes_max(beam_width, beam_length, self.lookup)
         self.slack = max(self.N, beam_length)
         if max_len < self.slack + 1:
             raise ValueError(f"Batch: max_len={max_len} leaves no room for a prompt and a trie of N={self.N}")
@@ -149,10 +149,6 @@ class Batch:
         self._free = list(range(rows))
         self.seed = torch.zeros(rows, dtype=torch.int64, device=dev)  # per-row sampling streams
         self.draws = torch.zeros(rows, dtype=torch.int64, device=dev)
-
-    def _extra(self, L: int) -> int:
-        """Beams the lookup adds to a step of length L."""
-        return 1 if self.lookup and L > 1 else 0
 
     def _parking_row(self, width: int, device) -> Tensor:
         """A block-table row over the parking blocks only (a free row's scratch tree lands there)."""
@@ -266,12 +262,12 @@ class Batch:
         L = self.L if beam_length is None else beam_length
         check_int("Batch.step", "beam_width", W, 1)
         check_int("Batch.step", "beam_length", L, 1)
-        if num_nodes_max(W + self._extra(L), L) > self.N or L > self.L:
+        if num_nodes_max(W, L, self.lookup) > self.N or L > self.L:
             raise ValueError(f"Batch.step: W={W}, L={L} is larger than the batch was sized for ({self.W}, {self.L})")
         uniforms = None
         if self.sampling is not None and not self.sampling.greedy:
             # this step's uniforms, one stream per row: (accept_u (B, L-1, W'), sample_u (B,)), W' with the lookup beam
-            Wb = W + self._extra(L)
+            Wb = W + lookup_beams(self.lookup, L)
             u = row_uniforms(self.seed, self.draws, (L - 1) * Wb + 1)
             B = u.shape[0]
             uniforms = (u[:, 1:].reshape(B, L - 1, Wb), u[:, 0].contiguous())

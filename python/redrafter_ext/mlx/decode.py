@@ -31,7 +31,7 @@ import mlx.core as mx
 from .. import _generate_common as common  # the host-side parts both backends' loops share
 from .._generate_common import GenerateOutput, Progress, Verified
 from .._scalar_checks import check_int, check_sampling
-from .._shape_checks import NGRAM_MAX, OPS, num_nodes_max
+from .._shape_checks import NGRAM_MAX, OPS, lookup_beams, menu_nodes_max, num_nodes_max
 from ..policy import SpeculationPolicy
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
@@ -172,7 +172,7 @@ class DecodeState:
         if self.history is not None:
             batches["state.history"] = self.history.shape[0]
         common.check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id,
-                                 beam_width + _lookup_beams(lookup, beam_length), beam_length, S, self.out.shape[1])
+                                 beam_width + lookup_beams(lookup, beam_length), beam_length, S, self.out.shape[1])
 
 
 def decode_step(
@@ -226,7 +226,7 @@ def decode_step(
     # 1-3: draft, merge into a trie, build the ancestor mask
     beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
     history = state.history
-    if _lookup_beams(lookup, L):
+    if lookup_beams(lookup, L):
         beams, history = _with_lookup_beam(state, beams, lookup, ops)  # [B, W+1, L]
     node_token, node_parent, node_depth, beam_node, num_nodes = ops.build_trie(beams)
     mask = ops.tree_mask(node_parent, num_nodes)  # [B, N, N]
@@ -250,13 +250,8 @@ def decode_step(
     no_room = None
     if check_room:
         S = state.kv.shape[4]
-        no_room = (state.cache_len < 0) | (state.cache_len > S - num_nodes_max(W + _lookup_beams(lookup, L), L))
+        no_room = (state.cache_len < 0) | (state.cache_len > S - num_nodes_max(W, L, lookup))
     return _commit(replace(state, history=history), kv, key, beams, verified, hidden, num_nodes, ops, no_room)
-
-
-def _lookup_beams(lookup: int, L: int) -> int:
-    """How many beams the lookup adds: one when it is on and there is something to draft."""
-    return 1 if lookup > 0 and L > 1 else 0
 
 
 def _write_slots(history: mx.array, start: mx.array, tokens: mx.array) -> mx.array:
@@ -463,7 +458,7 @@ def generate(
     sampling = _sampling_or_none(temperature, top_k, top_p)
     ops = ops or default_ops()
     if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
-        N = max(num_nodes_max(w + _lookup_beams(lookup, n), n) for w, n in policy.menu)
+        N = menu_nodes_max(policy.menu, lookup)
         state = _start(target, prompts, max_new_tokens, max(N, policy.max_length), eos_id, max_len,
                        sampling, seed, history=lookup > 0)
         box = [state]
@@ -476,7 +471,7 @@ def generate(
         calls = common.run_policy(step_wl, lambda: _progress(box[0]), policy, sampling, max_new_tokens,
                                   check_every, eos_id is not None, batch=state.token.shape[0])
         return _finish(box[0], calls)
-    N = num_nodes_max(beam_width + _lookup_beams(lookup, beam_length), beam_length)
+    N = num_nodes_max(beam_width, beam_length, lookup)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed,
                    history=lookup > 0)
     box = [state]
