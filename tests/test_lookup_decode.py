@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import random_drafter, random_target
-from test_decode import NoHostSync, _forbidden
+from test_decode import BACKENDS, NoHostSync, _forbidden
 from test_sampling import chi_square
 
 import redrafter_ext as rx
 from redrafter_ext.decode import _start, _with_lookup_beam
 from redrafter_ext.policy import SpeculationPolicy
 
-BACKENDS = {"native": rx.ops, "reference": rx.reference}
 # repeats inside the prompts, so that keys occur and the lookup beam proposes real continuations
 PROMPTS_3 = [[5, 17, 3, 9, 22, 5, 17, 3, 9, 41, 8], [60, 2, 60, 2, 60], [11, 12, 13, 14, 11, 12]]
 
