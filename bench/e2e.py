@@ -186,7 +186,7 @@ def main(argv=None) -> int:
                             for c in batches
                         ]
 
-                    if not measure(W, L, num_nodes_max(W, L, lookup), gen, lookup):
+                    if not measure(W, L, num_nodes_max(W, L), gen, lookup):
                         return 1
         for lookup in a.lookup if policy is not None else ():
             # one policy per lookup setting: its cost and acceptance figures depend on it
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
                 return [rx.generate(target, drafter, c, a.max_new_tokens, policy=pol, eos_id=eos, timer=timer,
                                     lookup=lookup, **sampling) for c in batches]
 
-            if not measure("auto", "auto", menu_nodes_max(pol.menu, lookup), gen_policy, lookup):
+            if not measure("auto", "auto", menu_nodes_max(pol.menu), gen_policy, lookup):
                 return 1
 
     csv_file.close()

@@ -37,8 +37,8 @@ def test_greedy_exact_with_lookup(target, ar3, backend, W, L, lookup):
     for b, (p, t) in enumerate(zip(PROMPTS_3, out.tokens)):  # the history holds prompt + output
         n = int(st.cache_len[b])
         assert st.history[b, :n].tolist() == (p + t)[:n]
-    if L > 1:  # the trie has room for the extra beam
-        assert max(st.nodes.tolist()) <= (1 + (W + 1) * (L - 1)) * max(st.steps.tolist())
+    if L > 1:  # the lookup drafts take the last beam's place: no node more than the drafter's trie
+        assert max(st.nodes.tolist()) <= (1 + W * (L - 1)) * max(st.steps.tolist())
 
 
 def test_greedy_exact_with_lookup_eos_and_policy(target, ar3):
@@ -55,32 +55,40 @@ def test_greedy_exact_with_lookup_eos_and_policy(target, ar3):
 
 
 def test_lookup_beam_content(target):
-    # rows: a key that occurred (continuation with its period), and one that never did (beam 0 copied)
+    # rows: a key that occurred (its continuation replaces the last beam), and one that never did
+    # (the drafter's beams unchanged)
     state = _start(target, [[4, 5, 6, 7, 4, 5], [1, 2, 3]], 8, 9, None, None, history=True)
     state.token.copy_(torch.tensor([6, 9], dtype=torch.int32))
-    beams = torch.tensor([[[6, 1, 1, 1]], [[9, 2, 2, 2]]], dtype=torch.int32)
+    beams = torch.tensor([[[6, 1, 1, 1], [6, 3, 3, 3]], [[9, 2, 2, 2], [9, 8, 8, 8]]], dtype=torch.int32)
     got = _with_lookup_beam(state, beams, 2, rx.ops)
     assert got.shape == (2, 2, 4) and got.dtype == torch.int32
     assert got[:, 0].tolist() == beams[:, 0].tolist()
     # row 0: history 4 5 6 7 4 5 + token 6, key (5, 6) at 1..2: continuation 7 4 5
-    assert got[:, 1].tolist() == [[6, 7, 4, 5], [9, 2, 2, 2]]
+    assert got[:, 1].tolist() == [[6, 7, 4, 5], [9, 8, 8, 8]]
+    # W = 1: the only beam gives way where a key occurred
+    got = _with_lookup_beam(state, beams[:, 1:], 2, rx.ops)
+    assert got.tolist() == [[[6, 7, 4, 5]], [[9, 8, 8, 8]]]
 
 
 @pytest.mark.parametrize("seed", [0, 2])
 def test_lookup_beam_is_accepted_where_the_text_repeats(seed):
     # a small random target's greedy output falls into a cycle (seed 2: period 2, then 6): the lookup
-    # beam proposes the cycle, so a drafter that is always wrong still commits several tokens a step
-    class Wrong:
-        def beam_search(self, hidden, token, embed_weight, W, L, ops):
-            zeros = torch.zeros(token.shape[0], W, L - 1, dtype=torch.int32)
-            return torch.cat([token[:, None, None].expand(-1, W, 1).to(torch.int32), zeros], 2)
-
+    # beam proposes the cycle, so a drafter that is always wrong (it drafts a token the output never
+    # holds) still commits several tokens a step, also at W = 1 where the lookup drafts replace its beam
     target = random_target(vocab=5, hidden=32, layers=1, seed=seed)
     prompt = [[1, 3, 1, 3, 1, 3]]
     ar = rx.autoregressive_generate(target, prompt, 64)
+    never = min(set(range(5)) - set(ar.tokens[0]))
+
+    class Wrong:
+        def beam_search(self, hidden, token, embed_weight, W, L, ops):
+            drafts = torch.full((token.shape[0], W, L - 1), never, dtype=torch.int32)
+            return torch.cat([token[:, None, None].expand(-1, W, 1).to(torch.int32), drafts], 2)
+
     off = rx.generate(target, Wrong(), prompt, 64, beam_width=1, beam_length=4)
     on = rx.generate(target, Wrong(), prompt, 64, beam_width=1, beam_length=4, lookup=2)
     assert on.tokens == off.tokens == ar.tokens
+    assert off.steps[0] == 64  # the drafter alone never gets a draft accepted
     assert on.steps[0] <= 0.6 * off.steps[0]
 
 
@@ -141,10 +149,16 @@ def test_lookup_rejects_bad_arguments(target):
         with pytest.raises((ValueError, TypeError), match=msg):
             rx.decode_step(target, drafter, st, beam_width=2, beam_length=3, lookup=2)
         assert torch.equal(st.cache_len, before)
-    # the trie with the lookup beam must fit the cache: 1 + 3*2 = 7 slots, not 1 + 2*2 = 5 (S = 6)
-    st = _start(target, [[1, 2, 3]], 2, 1, None, 6, history=True)
-    with pytest.raises(ValueError, match="the trie needs N"):
-        rx.decode_step(target, drafter, st, beam_width=2, beam_length=3, lookup=2)
+    # the lookup beam adds no node: a cache with room for exactly N = 1 + 2*2 slots past cache_len is
+    # enough for W=2 L=3 with it; W=3 (N = 7) overflows, lookup or not
+    room = _start(target, [[1, 2, 3]], 2, 3, None, None, history=True).cache_len.tolist()[0] + 5
+    st = _start(target, [[1, 2, 3]], 2, 3, None, room, history=True)  # slack L: the output columns
+    before = st.cache_len.clone()
+    for lookup in (0, 2):
+        with pytest.raises(ValueError, match="cache overflow"):
+            rx.decode_step(target, drafter, st, beam_width=3, beam_length=3, lookup=lookup)
+        assert torch.equal(st.cache_len, before)
+    rx.decode_step(target, drafter, st, beam_width=2, beam_length=3, lookup=2)
 
 
 def test_decode_step_with_lookup_compiles_fullgraph():

@@ -279,7 +279,7 @@ OPS = [mref] + [m for m in [rxm.native_ops()] if m is not None]
 @pytest.mark.parametrize("lookup", [0, 2])
 def test_decode_step_does_no_host_reads(tiny, forbid_host_reads, monkeypatch, sampling, ops, lookup):
     _, _, mt, md = tiny
-    # slack 9: the trie with the lookup beam, 1 + 4*2
+    # slack 9 >= the trie, 1 + 3*2 (the lookup beam adds no node)
     state = rxm.decode._start(mt, [[1, 2, 3], [4, 5, 6, 7, 8]], 8, 9, 3, None, sampling, 0, history=lookup > 0)
     forbid_host_reads()
     # negative control: the guard catches a host read
@@ -329,7 +329,7 @@ def test_generate_first_tokens_follow_target(method, tmp_path):
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
     if method in ("redrafter", "lookup", "biased"):
         ops = _biased_ops() if method == "biased" else mref
-        # lookup: keys of the prompt recur after its first token, so the extra beam proposes real drafts
+        # lookup: keys of the prompt recur after its first token, so the lookup beam proposes real drafts
         out = rxm.generate(mt, md, [prompt] * B, n, beam_width=3, beam_length=3, ops=ops,
                            lookup=2 if method == "lookup" else 0, **kw)
         assert out.tokens_per_step > 1.05  # speculation really commits several tokens per step
@@ -456,10 +456,11 @@ def test_greedy_with_lookup_equals_ar_and_torch(tiny, lookup_ar, W, L, lookup):
                        lookup=lookup)
     assert got.tokens == want.tokens
     _history_holds_prompt_and_output(got, LOOKUP_PROMPTS)
-    # the trie had room for the extra beam, and the cache for that trie
-    assert max(got.nodes) <= (1 + (W + 1) * (L - 1)) * max(got.steps)
+    # the lookup drafts took the last beam's place: the drafter's trie and cache, no node more
+    assert max(got.nodes) <= (1 + W * (L - 1)) * max(got.steps)
     assert got.state.history.shape == (3, got.state.kv.shape[4])
-    assert got.state.kv.shape[4] >= max(map(len, LOOKUP_PROMPTS)) + 24 + 1 + (W + 1) * (L - 1)
+    want_off = rxm.generate(mt, md, LOOKUP_PROMPTS, 24, beam_width=W, beam_length=L)
+    assert got.state.kv.shape == want_off.state.kv.shape
 
 
 def test_lookup_off_has_no_history(tiny):
@@ -470,15 +471,18 @@ def test_lookup_off_has_no_history(tiny):
 
 @pytest.mark.parametrize("ops", OPS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_lookup_beam_content(tiny, ops):
-    # rows: a key that occurred (continuation with its period), and one that never did (beam 0 copied)
+    # rows: a key that occurred (its continuation replaces the last beam), and one that never did
+    # (the drafter's beams unchanged)
     _, _, mt, _ = tiny
     state = rxm.decode._start(mt, [[4, 5, 6, 7, 4, 5], [1, 2, 3]], 8, 9, None, None, None, 0, history=True)
     state = dataclasses.replace(state, token=mx.array([6, 9], dtype=mx.int32))
-    beams = mx.array([[[6, 1, 1, 1]], [[9, 2, 2, 2]]], dtype=mx.int32)
+    beams = mx.array([[[6, 1, 1, 1], [6, 3, 3, 3]], [[9, 2, 2, 2], [9, 8, 8, 8]]], dtype=mx.int32)
     got, hist = rxm.decode._with_lookup_beam(state, beams, 2, ops)
     assert got.shape == (2, 2, 4) and got.dtype == mx.int32
     # row 0: history 4 5 6 7 4 5 + token 6, key (5, 6) at 1..2: continuation 7 4 5
-    assert got.tolist() == [[[6, 1, 1, 1], [6, 7, 4, 5]], [[9, 2, 2, 2], [9, 2, 2, 2]]]
+    assert got.tolist() == [[[6, 1, 1, 1], [6, 7, 4, 5]], [[9, 2, 2, 2], [9, 8, 8, 8]]]
+    # W = 1: the only beam gives way where a key occurred
+    assert rxm.decode._with_lookup_beam(state, beams[:, 1:], 2, ops)[0].tolist() == [[[6, 7, 4, 5]], [[9, 8, 8, 8]]]
     # the guaranteed token is in its slot, nothing else changed
     assert hist[:, :7].tolist() == [[4, 5, 6, 7, 4, 5, 6], [1, 2, 3, 9, 0, 0, 0]]
     assert hist[:, 7:].tolist() == state.history[:, 7:].tolist()
@@ -492,13 +496,13 @@ def test_greedy_with_lookup_eos_and_policy(tiny):
     out = rxm.generate(mt, md, LOOKUP_PROMPTS, n, beam_width=2, beam_length=5, eos_id=eos, lookup=2)
     assert out.tokens == ar.tokens
     _history_holds_prompt_and_output(out, LOOKUP_PROMPTS)
-    # under a policy: switches between AR and drafting shapes, one cache sized for W+1 beams
+    # under a policy: switches between AR and drafting shapes, one cache sized for the largest trie
     script = [((1, 1), 2), ((2, 3), 1), ((1, 5), 3), ((3, 4), 2)]
     menu = tuple(e for e, _ in script)
     out = rxm.generate(mt, md, LOOKUP_PROMPTS, n, eos_id=eos, policy=_Scripted(script, menu), lookup=2)
     assert out.tokens == ar.tokens
     _history_holds_prompt_and_output(out, LOOKUP_PROMPTS)
-    assert out.state.kv.shape[4] >= max(map(len, LOOKUP_PROMPTS)) + n + 1 + 4 * 3  # (3, 4) with the extra beam
+    assert out.state.kv.shape[4] >= max(map(len, LOOKUP_PROMPTS)) + n + 1 + 3 * 3  # (3, 4)
     policy = SpeculationPolicy(menu=((1, 1), (1, 3), (2, 4)), probe=2)
     out = rxm.generate(mt, md, LOOKUP_PROMPTS, n, eos_id=eos, policy=policy, lookup=3)
     assert out.tokens == ar.tokens
@@ -514,10 +518,10 @@ def test_sampling_with_lookup_reproducible_and_uniform_shape(tiny):
     a = rxm.generate(mt, md, LOOKUP_PROMPTS, 16, seed=7, **kw)
     assert a.tokens == rxm.generate(mt, md, LOOKUP_PROMPTS, 16, seed=7, **kw).tokens
     _history_holds_prompt_and_output(a, LOOKUP_PROMPTS)
-    # explicit uniforms cover the W+1 beams
+    # explicit uniforms cover the W beams (the lookup beam is one of them)
     state = rxm.decode._start(mt, LOOKUP_PROMPTS, 8, 7, None, None, None, 0, history=True)
     sampling = rxm.SamplingParams(0.8, 0, 0.9)
-    u = (mx.random.uniform(shape=(3, 2, 3), key=mx.random.key(1)), mx.random.uniform(shape=(3,), key=mx.random.key(2)))
+    u = (mx.random.uniform(shape=(3, 2, 2), key=mx.random.key(1)), mx.random.uniform(shape=(3,), key=mx.random.key(2)))
     x, nx = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, ops=mref, sampling=sampling, uniforms=u,
                             lookup=2)
     y, ny = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, ops=mref, sampling=sampling, uniforms=u,
@@ -542,22 +546,25 @@ def test_lookup_rejects_bad_arguments(tiny):
                      (state.history[0], "state.history must have")):
         with pytest.raises((ValueError, TypeError), match=msg):
             rxm.decode_step(mt, md, dataclasses.replace(state, history=bad), beam_width=2, beam_length=3, lookup=2)
-    # the trie with the lookup beam must fit the cache: 1 + 3*2 = 7 slots, not 1 + 2*2 = 5 (S = 6)
+    # the lookup beam adds no node: where the drafter's trie fits (1 + 2*2 = 5 slots, S = 6), so does it
     st = rxm.decode._start(mt, [[1, 2, 3]], 2, 1, None, 6, None, 0, history=True)
     st = dataclasses.replace(st, out=mx.zeros((1, 2 + 3), dtype=mx.int32))  # max_new_tokens + L columns
-    rxm.decode_step(mt, md, st, beam_width=2, beam_length=3)  # without the lookup beam it fits
-    with pytest.raises(ValueError, match="the trie needs N"):
-        rxm.decode_step(mt, md, st, beam_width=2, beam_length=3, lookup=2)
+    rxm.decode_step(mt, md, st, beam_width=2, beam_length=3)
+    rxm.decode_step(mt, md, st, beam_width=2, beam_length=3, lookup=2)
+    with pytest.raises(ValueError, match="the trie needs N"):  # 1 + 3*2 = 7 slots do not fit, lookup or not
+        rxm.decode_step(mt, md, st, beam_width=3, beam_length=3, lookup=2)
 
 
-def test_lookup_cache_room_counts_the_extra_beam(tiny):
-    # S = 12, W=2 L=3: N = 5 without the lookup beam, 7 with it; row 1 (cache_len 6) fits only without
+def test_lookup_cache_room_is_the_drafters(tiny):
+    # S = 12: row 1 (cache_len 6) has room for W=2 L=3 (N = 5) with or without the lookup beam, not for
+    # W=3 (N = 7), and then it is stopped the same way with the lookup beam
     _, _, mt, md = tiny
     state = rxm.decode._start(mt, [[1, 2, 3], [4, 5, 6, 7, 8, 9]], 4, 4, None, None, None, 0, history=True)
     state = dataclasses.replace(state, kv=state.kv[:, :, :, :, :12], history=state.history[:, :12])
-    off, _ = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3)
-    assert off.overflow.tolist() == [False, False]
-    on, n = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, lookup=2)
+    for lookup in (0, 2):
+        fits, _ = rxm.decode_step(mt, md, state, beam_width=2, beam_length=3, lookup=lookup)
+        assert fits.overflow.tolist() == [False, False]
+    on, n = rxm.decode_step(mt, md, state, beam_width=3, beam_length=3, lookup=2)
     assert on.overflow.tolist() == [False, True] and n.tolist()[1] == 0 and on.cache_len.tolist()[1] == 6
     assert on.history[1, :6].tolist() == state.history[1, :6].tolist()
     with pytest.raises(ValueError, match="cache overflow in row 1"):
@@ -567,21 +574,25 @@ def test_lookup_cache_room_counts_the_extra_beam(tiny):
 @pytest.mark.parametrize("seed", [0, 2])
 def test_lookup_beam_is_accepted_where_the_text_repeats(seed, tmp_path):
     # a small random target's greedy output falls into a cycle (seed 2: period 2, then 6): the lookup
-    # beam proposes the cycle, so a drafter that is always wrong still commits several tokens a step
-    class Wrong:
-        def beam_search(self, hidden, token, embed_weight, W, L, ops):
-            zeros = mx.zeros((token.shape[0], W, L - 1), dtype=mx.int32)
-            root = mx.broadcast_to(token[:, None, None].astype(mx.int32), (token.shape[0], W, 1))
-            return mx.concatenate([root, zeros], axis=2)
-
+    # beam proposes the cycle, so a drafter that is always wrong (it drafts a token the output never
+    # holds) still commits several tokens a step, also at W = 1 where the lookup drafts replace its beam
     target = random_target(vocab=5, hidden=32, layers=1, seed=seed)
     target.save_pretrained(tmp_path / "t")
     mt = rxm.LlamaTarget.from_pretrained(tmp_path / "t")
     prompt = [[1, 3, 1, 3, 1, 3]]
     ar = rxm.autoregressive_generate(mt, prompt, 64)
+    never = min(set(range(5)) - set(ar.tokens[0]))
+
+    class Wrong:
+        def beam_search(self, hidden, token, embed_weight, W, L, ops):
+            drafts = mx.full((token.shape[0], W, L - 1), never, dtype=mx.int32)
+            root = mx.broadcast_to(token[:, None, None].astype(mx.int32), (token.shape[0], W, 1))
+            return mx.concatenate([root, drafts], axis=2)
+
     off = rxm.generate(mt, Wrong(), prompt, 64, beam_width=1, beam_length=4)
     on = rxm.generate(mt, Wrong(), prompt, 64, beam_width=1, beam_length=4, lookup=2)
     assert on.tokens == off.tokens == ar.tokens
     assert ar.tokens == rx.autoregressive_generate(target, prompt, 64).tokens  # the torch twin's cycle
+    assert off.steps[0] == 64  # the drafter alone never gets a draft accepted
     assert on.steps[0] <= 0.6 * off.steps[0]
     _history_holds_prompt_and_output(on, prompt)

@@ -20,21 +20,15 @@ OPS = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample",
 NGRAM_MAX = 1 << 16
 
 
-def lookup_beams(lookup: int, beam_length: int) -> int:
-    """Beams the prompt lookup adds to a step (``decode_step(lookup=n)``): one when it is on and
-    L > 1 leaves something to draft."""
-    return 1 if lookup > 0 and beam_length > 1 else 0
+def num_nodes_max(beam_width: int, beam_length: int) -> int:
+    """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce (the prompt-lookup beam
+    takes the place of the last one, so it adds none)."""
+    return 1 + beam_width * (beam_length - 1)
 
 
-def num_nodes_max(beam_width: int, beam_length: int, lookup: int = 0) -> int:
-    """N = 1 + W*(L-1): the most trie nodes W beams of length L can produce (W + 1 beams with the
-    lookup beam)."""
-    return 1 + (beam_width + lookup_beams(lookup, beam_length)) * (beam_length - 1)
-
-
-def menu_nodes_max(menu: Sequence[tuple[int, int]], lookup: int = 0) -> int:
+def menu_nodes_max(menu: Sequence[tuple[int, int]]) -> int:
     """The largest trie of a policy menu of (W, L): the cache room every step of it needs."""
-    return max(num_nodes_max(w, n, lookup) for w, n in menu)
+    return max(num_nodes_max(w, n) for w, n in menu)
 
 
 # -- value rules -----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 One step, for B rows at once (W beams of L tokens, N = 1 + W*(L-1) trie nodes):
     beams      = drafter.beam_search(hidden, token)              # (B, W, L), beams[:, :, 0] = token
-                 (lookup > 0: + one prompt-lookup beam, ops.ngram_lookup over state.history: W+1 beams)
+                 (lookup > 0: the last beam -> the prompt-lookup drafts, ops.ngram_lookup over state.history)
     trie       = ops.build_trie(beams)                           # (B, N) tokens/parents/depths
     mask       = ops.tree_mask(parent, num_nodes)                # (B, N, N) ancestor-or-self
     logits, h  = target(trie tokens, cache_len + depth, mask)    # (B, N, V), writes K/V at cache_len+n
@@ -46,7 +46,7 @@ from ._generate_common import (
     run_until_done,
 )
 from ._scalar_checks import check_int, check_sampling
-from ._shape_checks import NGRAM_MAX, lookup_beams, menu_nodes_max, num_nodes_max
+from ._shape_checks import NGRAM_MAX, menu_nodes_max, num_nodes_max
 from .models import PagedKV
 from .policy import SpeculationPolicy
 from .profiling import StageTimer
@@ -208,7 +208,7 @@ class DecodeState:
         if self.history is not None:
             batches["state.history"] = self.history.shape[0]
         check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id,
-                          beam_width + lookup_beams(lookup, beam_length), beam_length, S, self.out.shape[1])
+                          beam_width, beam_length, S, self.out.shape[1])
 
 
 @torch.no_grad()
@@ -219,11 +219,11 @@ def decode_step(
 ) -> Tensor:
     """One ReDrafter step for every row, in place on ``state``. Never synchronises with the host.
 
-    Lookup beam (``lookup = n > 0``, L > 1): beside the drafter's W beams, one more beam proposes
-    the L-1 tokens that followed the latest earlier occurrence of the row's last (at most n)
-    tokens in ``state.history`` (prompt + output: ``ops.ngram_lookup``), or, where none occurred,
-    a copy of beam 0 (which the trie merges away). The trie then has up to ``N = 1 + (W+1)*(L-1)``
-    nodes. Verification treats it like any beam, so greedy output stays the target's and sampling
+    Lookup beam (``lookup = n > 0``, L > 1): in rows where the row's last (at most n) tokens
+    occurred earlier in ``state.history`` (prompt + output: ``ops.ngram_lookup``), the drafter's
+    last (lowest-scored) beam is replaced by the L-1 tokens that followed the latest occurrence;
+    other rows keep it. The trie keeps its ``N = 1 + W*(L-1)`` nodes, so the verify costs what it
+    did. Verification treats it like any beam, so greedy output stays the target's and sampling
     stays exact (every draft is a point-mass proposal; docs/lookup.md).
 
     Cache room: the fixed-shape tree forward writes ``N = 1 + W*(L-1)`` K/V slots from
@@ -246,9 +246,8 @@ def decode_step(
         timer: optional ``StageTimer`` (adds synchronisation on GPUs; for profiling only).
         sampling: None or a greedy ``SamplingParams`` for greedy acceptance (``verify_greedy``);
             otherwise exact sampling (``verify_sample``) with uniforms from ``sampling.generator``.
-        uniforms: optional ``(accept_u (B, L-1, W'), sample_u (B,))`` float32 to use instead of
-            drawing them (tests, replay), W' = W + 1 with a lookup beam; requires a non-greedy
-            ``sampling``.
+        uniforms: optional ``(accept_u (B, L-1, W), sample_u (B,))`` float32 to use instead of
+            drawing them (tests, replay); requires a non-greedy ``sampling``.
         check_room: assert the cache room on the device (above); pass False only when the caller
             has proved it on the host, as ``generate`` does.
         lookup: the lookup beam's longest key (0: no lookup beam); needs ``state.history``.
@@ -259,7 +258,7 @@ def decode_step(
     ops = ops or default_ops()
     state.check(target, beam_width, beam_length, lookup)
     if check_room:
-        _check_overflow(state, num_nodes_max(beam_width, beam_length, lookup))
+        _check_overflow(state, num_nodes_max(beam_width, beam_length))
     if isinstance(state.kv, PagedKV) and getattr(ops, "kv_compact_paged", None) is None:
         raise ValueError(f"decode_step: ops {getattr(ops, '__name__', ops)!r} has no kv_compact_paged (paged cache)")
     if uniforms is not None and (sampling is None or sampling.greedy):
@@ -273,15 +272,16 @@ def decode_step(
 
 
 def _with_lookup_beam(state: DecodeState, beams: Tensor, lookup: int, ops) -> Tensor:
-    """``beams (B, W, L)`` + the prompt-lookup beam: ``(B, W+1, L)`` int32."""
+    """``beams (B, W, L)`` with the last beam's drafts replaced by the prompt-lookup drafts in the rows
+    where a key occurred: ``(B, W, L)`` int32 (same N, so the verify costs what it did)."""
     L = beams.shape[2]
     hist = state.history
     # the key ends with the guaranteed token: put it in its slot (the commit writes the same token there)
     hist.scatter_(1, state.cache_len[:, None].to(torch.int64), state.token[:, None])
     drafts = ops.ngram_lookup(hist, state.cache_len + 1, lookup, L - 1)  # [B, L-1], -1: no occurrence
-    drafts = torch.where(drafts[:, :1] >= 0, drafts, beams[:, 0, 1:].to(torch.int32))
-    extra = torch.cat([state.token[:, None], drafts], dim=1)
-    return torch.cat([beams.to(torch.int32), extra[:, None]], dim=1)
+    beams = beams.to(torch.int32)
+    last = torch.where(drafts[:, :1] >= 0, drafts, beams[:, -1, 1:])  # the lowest-scored beam gives way
+    return torch.cat([beams[:, :-1], torch.cat([beams[:, -1:, :1], last[:, None]], dim=2)], dim=1)
 
 
 def _step(target, drafter, state: DecodeState, W: int, L: int, ops, sampling: SamplingParams | None,
@@ -292,7 +292,7 @@ def _step(target, drafter, state: DecodeState, W: int, L: int, ops, sampling: Sa
     # 1-3: draft, merge into a trie, build the ancestor mask
     beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
     if lookup:
-        beams = _with_lookup_beam(state, beams, lookup, ops)  # [B, W+1, L]
+        beams = _with_lookup_beam(state, beams, lookup, ops)  # [B, W, L]
     node_token, node_parent, node_depth, beam_node, num_nodes = ops.build_trie(beams)
     mask = ops.tree_mask(node_parent, num_nodes)  # [B, N, N]
     # 4-5: verify the whole trie in one target forward (K/V land at cache_len + node), then accept
@@ -521,8 +521,8 @@ def generate(
         policy: a ``SpeculationPolicy`` choosing (W, L) per window of steps from measured cost and
             acceptance (``redrafter_ext.policy``); pass the same one to successive calls to keep
             its calibration. Greedy output is identical to plain decoding whatever it picks.
-        lookup: add the prompt-lookup beam to every drafting step, with keys of at most this many
-            tokens (0: off; ``decode_step``): the trie gets up to ``1 + (W+1)*(L-1)`` nodes.
+        lookup: let the prompt-lookup drafts, with keys of at most this many tokens, take the place
+            of the last drafter beam where a key occurred (0: off; ``decode_step``); N is unchanged.
         eos_id: stop a row after it commits this token.
         check_every: with an ``eos_id``, read the rows' progress on the host at least once every this many
             steps (default: every step on a CPU, where a read costs nothing, 4 on an accelerator);
@@ -548,12 +548,12 @@ def generate(
     lookup = check_int("generate", "lookup", lookup, 0, NGRAM_MAX)
     sampling = _sampling_or_none(temperature, top_k, top_p, seed, target.embed_weight.device)
     if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
-        N = menu_nodes_max(policy.menu, lookup)
+        N = menu_nodes_max(policy.menu)
         state = _start(target, prompts, max_new_tokens, max(N, policy.max_length), eos_id, max_len,
                        sampling, paged_kv, history=lookup > 0)
         return _run_policy(target, drafter, state, policy, check_every, ops=ops, timer=timer, sampling=sampling,
                            lookup=lookup)
-    N = num_nodes_max(beam_width, beam_length, lookup)
+    N = num_nodes_max(beam_width, beam_length)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, paged_kv,
                    history=lookup > 0)
     step = _stepper(target, drafter, state, ops, timer, sampling, lookup)

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.lookup < 0:
         print(f"[demo] error: --lookup must be >= 0, got {a.lookup}", file=sys.stderr)
         return 2
-    N = menu_nodes_max(policy.menu, a.lookup) if policy else num_nodes_max(W, L, a.lookup)
+    N = menu_nodes_max(policy.menu) if policy else num_nodes_max(W, L)
     shape = (f"W=auto L=auto (speculation policy over {' '.join(f'{w}x{n}' for w, n in policy.menu)})" if policy
              else f"W={W} L={L}")
     print(f"target: {desc}, {n_params(target)} params ({target.embed_weight.dtype}); drafter: {n_params(drafter)} "

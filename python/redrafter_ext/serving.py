@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ._generate_common import check_context, prompt_rows
 from ._scalar_checks import check_eos_id, check_int
-from ._shape_checks import NGRAM_MAX, lookup_beams, num_nodes_max
+from ._shape_checks import NGRAM_MAX, num_nodes_max
 from .decode import GREEDY, DecodeState, SamplingParams, decode_step
 from .models import PagedKV
 
@@ -105,7 +105,7 @@ class Batch:
             each request draws its uniforms from its own ``seed`` (``admit``) and step counter
             (``row_uniforms``), so its tokens do not depend on the other rows.
         lookup: the prompt-lookup beam's longest key at every step (0: none; ``decode_step``); the
-            batch then keeps each row's token history and sizes its trie for W+1 beams.
+            batch then keeps each row's token history (the trie keeps its N).
     """
 
     def __init__(self, target, rows: int, max_new_tokens: int, max_len: int, *, beam_width: int = 4,
@@ -117,7 +117,7 @@ class Batch:
         self.lookup = check_int("Batch", "lookup", lookup, 0, NGRAM_MAX)
         self.target, self.sampling = target, sampling
         self.W, self.L = beam_width, beam_length
-        self.N = num_nodes_max(beam_width, beam_length, self.lookup)
+        self.N = num_nodes_max(beam_width, beam_length)
         self.slack = max(self.N, beam_length)
         if max_len < self.slack + 1:
             raise ValueError(f"Batch: max_len={max_len} leaves no room for a prompt and a trie of N={self.N}")
@@ -262,15 +262,14 @@ class Batch:
         L = self.L if beam_length is None else beam_length
         check_int("Batch.step", "beam_width", W, 1)
         check_int("Batch.step", "beam_length", L, 1)
-        if num_nodes_max(W, L, self.lookup) > self.N or L > self.L:
+        if num_nodes_max(W, L) > self.N or L > self.L:
             raise ValueError(f"Batch.step: W={W}, L={L} is larger than the batch was sized for ({self.W}, {self.L})")
         uniforms = None
         if self.sampling is not None and not self.sampling.greedy:
-            # this step's uniforms, one stream per row: (accept_u (B, L-1, W'), sample_u (B,)), W' with the lookup beam
-            Wb = W + lookup_beams(self.lookup, L)
-            u = row_uniforms(self.seed, self.draws, (L - 1) * Wb + 1)
+            # this step's uniforms, one stream per row: (accept_u (B, L-1, W), sample_u (B,))
+            u = row_uniforms(self.seed, self.draws, (L - 1) * W + 1)
             B = u.shape[0]
-            uniforms = (u[:, 1:].reshape(B, L - 1, Wb), u[:, 0].contiguous())
+            uniforms = (u[:, 1:].reshape(B, L - 1, W), u[:, 0].contiguous())
             self.draws.add_(1)
         return decode_step(self.target, drafter, self.state, beam_width=W, beam_length=L, ops=ops,
                            sampling=self.sampling, uniforms=uniforms, lookup=self.lookup)

@@ -2,7 +2,7 @@
 
 One step, for B rows at once (W beams of L tokens, N = 1 + W*(L-1) trie nodes):
     beams        = drafter.beam_search(hidden, token)              # (B, W, L)
-                   (lookup > 0: + one prompt-lookup beam, ops.ngram_lookup over state.history: W+1 beams)
+                   (lookup > 0: the last beam -> the prompt-lookup drafts, ops.ngram_lookup over state.history)
     trie         = ops.build_trie(beams)                           # (B, N) tokens/parents/depths
     mask         = ops.tree_mask(parent, num_nodes)                # (B, N, N) ancestor-or-self
     logits, h, kv = target(trie tokens, cache_len + depth, mask)   # (B, N, V), K/V at cache_len+n
@@ -31,7 +31,7 @@ import mlx.core as mx
 from .. import _generate_common as common  # the host-side parts both backends' loops share
 from .._generate_common import GenerateOutput, Progress, Verified
 from .._scalar_checks import check_int, check_sampling
-from .._shape_checks import NGRAM_MAX, OPS, lookup_beams, menu_nodes_max, num_nodes_max
+from .._shape_checks import NGRAM_MAX, OPS, menu_nodes_max, num_nodes_max
 from ..policy import SpeculationPolicy
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
@@ -136,9 +136,8 @@ class DecodeState:
         c = self.cache_len.tolist()[b]  # sync-ok: error path
         S = self.kv.shape[4]
         raise ValueError(f"decode_step: cache overflow in row {b}: cache_len = {c} leaves room for {max(S - c, 0)} of "
-                         f"the S = {S} cache slots, fewer than the N = 1 + W*(L-1) tree slots a step writes "
-                         "(W+1 beams with the lookup beam); the "
-                         "row was stopped without committing (every row, finished or not, needs cache_len + N <= S)")
+                         f"the S = {S} cache slots, fewer than the N = 1 + W*(L-1) tree slots a step writes; "
+                         "the row was stopped without committing (every row, finished or not, needs cache_len + N <= S)")
 
     def arrays(self) -> list[mx.array]:
         """Every array of the state (for ``mx.eval``/``mx.async_eval``)."""
@@ -172,7 +171,7 @@ class DecodeState:
         if self.history is not None:
             batches["state.history"] = self.history.shape[0]
         common.check_state_sizes(op, target, batches, self.hidden.shape[1], self.max_new_tokens, self.eos_id,
-                                 beam_width + lookup_beams(lookup, beam_length), beam_length, S, self.out.shape[1])
+                                 beam_width, beam_length, S, self.out.shape[1])
 
 
 def decode_step(
@@ -182,12 +181,12 @@ def decode_step(
 ) -> tuple[DecodeState, mx.array]:
     """One ReDrafter step for every row. Lazy: builds the graph and never reads a value on the host.
 
-    Lookup beam (``lookup = n > 0``, L > 1): beside the drafter's W beams, one more beam proposes
-    the L-1 tokens that followed the latest earlier occurrence of the row's last (at most n)
-    tokens in ``state.history`` (prompt + output: ``ops.ngram_lookup``), or, where none occurred,
-    a copy of beam 0 (which the trie merges away). The trie then has up to ``N = 1 + (W+1)*(L-1)``
-    nodes. Verification treats it like any beam, so greedy output stays the target's and sampling
-    stays exact (every draft is a point-mass proposal; docs/lookup.md). As in the torch loop.
+    Lookup beam (``lookup = n > 0``, L > 1): in rows where the row's last (at most n) tokens
+    occurred earlier in ``state.history`` (prompt + output: ``ops.ngram_lookup``), the drafter's
+    last (lowest-scored) beam is replaced by the L-1 tokens that followed the latest occurrence;
+    other rows keep it. The trie keeps its ``N = 1 + W*(L-1)`` nodes. Verification treats it like
+    any beam, so greedy output stays the target's and sampling stays exact (every draft is a
+    point-mass proposal; docs/lookup.md). As in the torch loop.
 
     Cache room: the fixed-shape tree forward writes ``N = 1 + W*(L-1)`` K/V slots from
     ``cache_len[b]`` in every row, finished rows included, so each row needs
@@ -205,9 +204,8 @@ def decode_step(
         ops: a module with the six ops (default: ``default_ops()``).
         sampling: None or greedy for ``verify_greedy``; otherwise exact sampling (``verify_sample``)
             with uniforms drawn from ``state.key``.
-        uniforms: optional ``(accept_u (B, L-1, W'), sample_u (B,))`` float32 to use instead of
-            drawing them (tests, replay), W' = W + 1 with a lookup beam; requires a non-greedy
-            ``sampling``.
+        uniforms: optional ``(accept_u (B, L-1, W), sample_u (B,))`` float32 to use instead of
+            drawing them (tests, replay); requires a non-greedy ``sampling``.
         check_room: stop and flag rows without room (above); pass False only when the caller has
             proved the room on the host, as ``generate`` does.
         lookup: the lookup beam's longest key (0: no lookup beam); needs ``state.history``.
@@ -226,8 +224,8 @@ def decode_step(
     # 1-3: draft, merge into a trie, build the ancestor mask
     beams = drafter.beam_search(state.hidden, state.token, target.embed_weight, W, L, ops)  # [B, W, L]
     history = state.history
-    if lookup_beams(lookup, L):
-        beams, history = _with_lookup_beam(state, beams, lookup, ops)  # [B, W+1, L]
+    if lookup and L > 1:
+        beams, history = _with_lookup_beam(state, beams, lookup, ops)  # [B, W, L]
     node_token, node_parent, node_depth, beam_node, num_nodes = ops.build_trie(beams)
     mask = ops.tree_mask(node_parent, num_nodes)  # [B, N, N]
 
@@ -242,15 +240,14 @@ def decode_step(
             if key is None:
                 raise ValueError("decode_step: sampling needs state.key (an mx.random.key)")
             key, k_acc, k_next = mx.random.split(key, 3)
-            Wb = beams.shape[1]  # W, or W + 1 with the lookup beam
-            uniforms = (mx.random.uniform(shape=(B, L - 1, Wb), key=k_acc), mx.random.uniform(shape=(B,), key=k_next))
+            uniforms = (mx.random.uniform(shape=(B, L - 1, W), key=k_acc), mx.random.uniform(shape=(B,), key=k_next))
         verified = Verified(*ops.verify_sample(logits, beams, beam_node, uniforms[0], uniforms[1],
                                                float(sampling.temperature), int(sampling.top_k),
                                                float(sampling.top_p)))
     no_room = None
     if check_room:
         S = state.kv.shape[4]
-        no_room = (state.cache_len < 0) | (state.cache_len > S - num_nodes_max(W, L, lookup))
+        no_room = (state.cache_len < 0) | (state.cache_len > S - num_nodes_max(W, L))
     return _commit(replace(state, history=history), kv, key, beams, verified, hidden, num_nodes, ops, no_room)
 
 
@@ -265,16 +262,17 @@ def _write_slots(history: mx.array, start: mx.array, tokens: mx.array) -> mx.arr
 
 
 def _with_lookup_beam(state: DecodeState, beams: mx.array, lookup: int, ops) -> tuple[mx.array, mx.array]:
-    """``beams (B, W, L)`` + the prompt-lookup beam: ``(beams (B, W+1, L) int32, history)``, the
-    history with the guaranteed token written at slot ``cache_len``."""
+    """``beams (B, W, L)`` with the last beam's drafts replaced by the prompt-lookup drafts in the rows
+    where a key occurred: ``(beams (B, W, L) int32, history)``, the history with the guaranteed
+    token written at slot ``cache_len``."""
     L = beams.shape[2]
     beams = beams.astype(mx.int32)
     # the key ends with the guaranteed token: put it in its slot (the commit writes the same token there)
     hist = _write_slots(state.history, state.cache_len, state.token[:, None])
     drafts = ops.ngram_lookup(hist, state.cache_len + 1, lookup, L - 1).astype(mx.int32)  # [B, L-1], -1: none
-    drafts = mx.where(drafts[:, :1] >= 0, drafts, beams[:, 0, 1:])
-    extra = mx.concatenate([state.token[:, None].astype(mx.int32), drafts], axis=1)
-    return mx.concatenate([beams, extra[:, None]], axis=1), hist
+    last = mx.where(drafts[:, :1] >= 0, drafts, beams[:, -1, 1:])  # the lowest-scored beam gives way
+    last = mx.concatenate([beams[:, -1, :1], last], axis=1)
+    return mx.concatenate([beams[:, :-1], last[:, None]], axis=1), hist
 
 
 def _gather_rows(a: mx.array, idx: mx.array) -> mx.array:
@@ -436,8 +434,8 @@ def generate(
             from measured cost and acceptance, as in the torch ``generate``; pass the same one to
             successive calls to keep its calibration. Greedy output is identical to plain decoding
             whatever it picks.
-        lookup: add the prompt-lookup beam to every drafting step, with keys of at most this many
-            tokens (0: off; ``decode_step``): the trie gets up to ``1 + (W+1)*(L-1)`` nodes.
+        lookup: let the prompt-lookup drafts, with keys of at most this many tokens, take the place
+            of the last drafter beam where a key occurred (0: off; ``decode_step``); N is unchanged.
         eos_id: stop a row after it commits this token.
         ops: a module with the six ops (default: native ``redrafter_ext.mlx.ops`` when present, else
             ``redrafter_ext.mlx.reference``).
@@ -458,7 +456,7 @@ def generate(
     sampling = _sampling_or_none(temperature, top_k, top_p)
     ops = ops or default_ops()
     if policy is not None:  # the cache and the output buffer fit the largest entry: switching reallocates nothing
-        N = menu_nodes_max(policy.menu, lookup)
+        N = menu_nodes_max(policy.menu)
         state = _start(target, prompts, max_new_tokens, max(N, policy.max_length), eos_id, max_len,
                        sampling, seed, history=lookup > 0)
         box = [state]
@@ -471,7 +469,7 @@ def generate(
         calls = common.run_policy(step_wl, lambda: _progress(box[0]), policy, sampling, max_new_tokens,
                                   check_every, eos_id is not None, batch=state.token.shape[0])
         return _finish(box[0], calls)
-    N = num_nodes_max(beam_width, beam_length, lookup)
+    N = num_nodes_max(beam_width, beam_length)
     state = _start(target, prompts, max_new_tokens, max(N, beam_length), eos_id, max_len, sampling, seed,
                    history=lookup > 0)
     box = [state]
