@@ -10,8 +10,10 @@ previous n tokens in prompt + answer so far; none when they never occurred). One
 share of positions with a lookup guess, the share it gets right, the drafter's share, and the share
 either gets right, an upper bound on what one extra lookup beam in the trie could accept at depth 1.
 Then, per ``--shapes`` W x L, the tokens per step a verify would accept (teacher-forced on the greedy
-answer, as `evaluate` counts them) from the drafter's W beams alone, and from those plus the lookup
-beam of ``decode_step(lookup=--beam-n)``: ``ops.ngram_lookup``, the L-1 tokens after the latest
+answer, as `evaluate` counts them) from the drafter's W beams alone; from those with the lookup drafts
+in the last beam's place where a key occurred, as ``decode_step(lookup=--beam-n)`` does (the same N
+nodes); and, for comparison, from the W beams plus an appended lookup beam (N + L-1 nodes, the
+decoder's first design). The drafts are ``ops.ngram_lookup``'s: the L-1 tokens after the latest
 earlier occurrence of the longest key of at most ``--beam-n`` tokens.
 """
 
@@ -24,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from redrafter_ext import ops
+from redrafter_ext.decode import lookup_in_last_beam
 from redrafter_ext.drafter import Drafter
 from redrafter_ext.hub import cache_dir
 from redrafter_ext.train.chat_data import load_chat_data
@@ -93,8 +96,8 @@ def main() -> None:
                 either += ok_l or ok_d
         print(f"{n:>2} {tot:>9} {prop / tot:>15.3f} {right / tot:>12.3f} {right / max(prop, 1):>9.3f} "
               f"{dr / tot:>13.3f} {either / tot:>12.3f}")
-    print(f"\n{'shape':>5} {'positions':>9} {'drafter tokens/step':>19} {'+ lookup beam':>13} "
-          f"{'lookup instead of beam W':>24}")
+    print(f"\n{'shape':>5} {'positions':>9} {'drafter tokens/step':>19} {'+ appended lookup beam':>22} "
+          f"{'decode_step(lookup): beam W':>27}")
     for shape in a.shapes.split(","):
         W, L = (int(x) for x in shape.split("x"))
         n_pos = plain = plus = instead = 0
@@ -111,11 +114,9 @@ def main() -> None:
                 n_pos += len(js)
                 plain += accepted_tokens(beams, truth).sum().item()
                 plus += accepted_tokens(torch.cat([beams.long(), lookup[:, None].long()], 1), truth).sum().item()
-                # the same nodes as the drafter alone: the lookup beam takes the last drafter beam's place where it found one
-                swapped = beams.long().clone()
-                swapped[:, -1] = torch.where(lookup[:, :1] >= 0, lookup.long(), swapped[:, -1])
-                instead += accepted_tokens(swapped, truth).sum().item()
-        print(f"{shape:>5} {n_pos:>9} {plain / n_pos:>19.2f} {plus / n_pos:>13.2f} {instead / n_pos:>24.2f}")
+                # the same nodes as the drafter alone: the decoder's rule, the lookup drafts in the last beam's place
+                instead += accepted_tokens(lookup_in_last_beam(beams, lookup).long(), truth).sum().item()
+        print(f"{shape:>5} {n_pos:>9} {plain / n_pos:>19.2f} {plus / n_pos:>22.2f} {instead / n_pos:>27.2f}")
 
 
 if __name__ == "__main__":

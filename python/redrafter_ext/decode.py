@@ -279,9 +279,16 @@ def _with_lookup_beam(state: DecodeState, beams: Tensor, lookup: int, ops) -> Te
     # the key ends with the guaranteed token: put it in its slot (the commit writes the same token there)
     hist.scatter_(1, state.cache_len[:, None].to(torch.int64), state.token[:, None])
     drafts = ops.ngram_lookup(hist, state.cache_len + 1, lookup, L - 1)  # [B, L-1], -1: no occurrence
-    beams = beams.to(torch.int32)
-    last = torch.where(drafts[:, :1] >= 0, drafts, beams[:, -1, 1:])  # the lowest-scored beam gives way
-    return torch.cat([beams[:, :-1], torch.cat([beams[:, -1:, :1], last[:, None]], dim=2)], dim=1)
+    return lookup_in_last_beam(beams.to(torch.int32), drafts)
+
+
+def lookup_in_last_beam(beams: Tensor, drafts: Tensor) -> Tensor:
+    """The lookup beam's rule, shared with ``bench/lookup_headroom.py``: ``beams (B, W, k)`` with the
+    last beam's final m tokens replaced by ``drafts (B, m)`` (m <= k) in the rows where a key occurred
+    (``drafts[:, 0] >= 0``; ``ops.ngram_lookup`` gives -1 otherwise). Same dtype as ``beams``."""
+    k, m = beams.shape[2], drafts.shape[1]
+    tail = torch.where(drafts[:, :1] >= 0, drafts.to(beams.dtype), beams[:, -1, k - m:])  # the lowest-scored beam gives way
+    return torch.cat([beams[:, :-1], torch.cat([beams[:, -1, : k - m], tail], dim=1)[:, None]], dim=1)
 
 
 def _step(target, drafter, state: DecodeState, W: int, L: int, ops, sampling: SamplingParams | None,
