@@ -85,7 +85,7 @@ def test_lookup_beam_is_accepted_where_the_text_repeats(seed):
             drafts = torch.full((token.shape[0], W, L - 1), never, dtype=torch.int32)
             return torch.cat([token[:, None, None].expand(-1, W, 1).to(torch.int32), drafts], 2)
 
-    off = rx.generate(target, Wrong(), prompt, 64, beam_width=1, beam_length=4)
+    off = rx.generate(target, Wrong(), prompt, 64, beam_width=1, beam_length=4, lookup=0)
     on = rx.generate(target, Wrong(), prompt, 64, beam_width=1, beam_length=4, lookup=2)
     assert on.tokens == off.tokens == ar.tokens
     assert off.steps[0] == 64  # the drafter alone never gets a draft accepted
@@ -129,6 +129,17 @@ def test_sampling_with_lookup_follows_the_target():
     stat, dof, pval = chi_square(obs, expected)
     assert pval > 1e-3, f"chi2 {stat:.1f} on {dof} dof, p = {pval:.2e}"
     assert out.tokens_per_step > 1.0
+
+
+def test_lookup_is_on_by_default_in_generate_and_batch(target):
+    drafter = random_drafter(target)
+    kw = dict(beam_width=2, beam_length=3)
+    on = rx.generate(target, drafter, PROMPTS_3, 16, **kw)
+    assert on.state.history is not None
+    assert on.steps == rx.generate(target, drafter, PROMPTS_3, 16, lookup=2, **kw).steps
+    assert rx.generate(target, drafter, PROMPTS_3, 16, lookup=0, **kw).state.history is None
+    assert rx.Batch(target, 2, 8, 64).lookup == 2 and rx.Batch(target, 2, 8, 64).state.history is not None
+    assert rx.Batch(target, 2, 8, 64, lookup=0).state.history is None
 
 
 def test_lookup_rejects_bad_arguments(target):

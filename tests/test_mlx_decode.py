@@ -459,14 +459,16 @@ def test_greedy_with_lookup_equals_ar_and_torch(tiny, lookup_ar, W, L, lookup):
     # the lookup drafts took the last beam's place: the drafter's trie and cache, no node more
     assert max(got.nodes) <= (1 + W * (L - 1)) * max(got.steps)
     assert got.state.history.shape == (3, got.state.kv.shape[4])
-    want_off = rxm.generate(mt, md, LOOKUP_PROMPTS, 24, beam_width=W, beam_length=L)
+    want_off = rxm.generate(mt, md, LOOKUP_PROMPTS, 24, beam_width=W, beam_length=L, lookup=0)
     assert got.state.kv.shape == want_off.state.kv.shape
 
 
-def test_lookup_off_has_no_history(tiny):
+def test_lookup_is_on_by_default_and_off_has_no_history(tiny):
     _, _, mt, md = tiny
     out = rxm.generate(mt, md, LOOKUP_PROMPTS, 8, beam_width=2, beam_length=3)
-    assert out.state.history is None
+    assert out.state.history is not None
+    assert out.steps == rxm.generate(mt, md, LOOKUP_PROMPTS, 8, beam_width=2, beam_length=3, lookup=2).steps
+    assert rxm.generate(mt, md, LOOKUP_PROMPTS, 8, beam_width=2, beam_length=3, lookup=0).state.history is None
 
 
 @pytest.mark.parametrize("ops", OPS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
@@ -589,7 +591,7 @@ def test_lookup_beam_is_accepted_where_the_text_repeats(seed, tmp_path):
             root = mx.broadcast_to(token[:, None, None].astype(mx.int32), (token.shape[0], W, 1))
             return mx.concatenate([root, drafts], axis=2)
 
-    off = rxm.generate(mt, Wrong(), prompt, 64, beam_width=1, beam_length=4)
+    off = rxm.generate(mt, Wrong(), prompt, 64, beam_width=1, beam_length=4, lookup=0)
     on = rxm.generate(mt, Wrong(), prompt, 64, beam_width=1, beam_length=4, lookup=2)
     assert on.tokens == off.tokens == ar.tokens
     assert ar.tokens == rx.autoregressive_generate(target, prompt, 64).tokens  # the torch twin's cycle

@@ -18,6 +18,9 @@ OPS = ("beam_topk", "build_trie", "tree_mask", "verify_greedy", "verify_sample",
 
 #: the largest key length and draft length ``ngram_lookup`` takes (the kernels keep them in int32)
 NGRAM_MAX = 1 << 16
+#: ``generate``'s and ``Batch``'s default lookup (docs/lookup.md): in the last beam's place it adds no
+#: node, and it raised tokens/step at every shape measured and the speedup at 8 of 9
+LOOKUP_DEFAULT = 2
 
 
 def num_nodes_max(beam_width: int, beam_length: int) -> int:

@@ -46,7 +46,7 @@ from ._generate_common import (
     run_until_done,
 )
 from ._scalar_checks import check_int, check_sampling
-from ._shape_checks import NGRAM_MAX, menu_nodes_max, num_nodes_max
+from ._shape_checks import LOOKUP_DEFAULT, NGRAM_MAX, menu_nodes_max, num_nodes_max
 from .models import PagedKV
 from .policy import SpeculationPolicy
 from .profiling import StageTimer
@@ -516,7 +516,7 @@ def generate(
     beam_length: int | str = 4, eos_id: int | None = None, ops: ModuleType | None = None,
     check_every: int | None = None, max_len: int | None = None, timer: StageTimer | None = None,
     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, paged_kv: PagedKV | None = None,
-    policy: SpeculationPolicy | None = None, lookup: int = 0,
+    policy: SpeculationPolicy | None = None, lookup: int = LOOKUP_DEFAULT,
 ) -> GenerateOutput:
     """ReDrafter generation: prefill, then ``decode_step`` until every row is done.
 
@@ -529,7 +529,8 @@ def generate(
             acceptance (``redrafter_ext.policy``); pass the same one to successive calls to keep
             its calibration. Greedy output is identical to plain decoding whatever it picks.
         lookup: let the prompt-lookup drafts, with keys of at most this many tokens, take the place
-            of the last drafter beam where a key occurred (0: off; ``decode_step``); N is unchanged.
+            of the last drafter beam where a key occurred (default 2; 0: off; ``decode_step``); N is
+            unchanged, the state gains a ``history``.
         eos_id: stop a row after it commits this token.
         check_every: with an ``eos_id``, read the rows' progress on the host at least once every this many
             steps (default: every step on a CPU, where a read costs nothing, 4 on an accelerator);

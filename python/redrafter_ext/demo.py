@@ -27,7 +27,7 @@ import torch
 from . import ops as native_ops
 from . import reference
 from ._generate_common import policy_arg
-from ._shape_checks import menu_nodes_max, num_nodes_max
+from ._shape_checks import LOOKUP_DEFAULT, menu_nodes_max, num_nodes_max
 from .corpus import load_prompts
 from .decode import autoregressive_generate, generate
 from .drafter import Drafter, DrafterConfig, auto_dtype
@@ -38,8 +38,6 @@ from .prompts import chat_prompt_ids, heldout_prompts
 
 DTYPES = {"checkpoint": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_MODEL = "smollm2-135m-instruct"
-# the lookup beam at every drafting step (docs/lookup.md): it raised tokens/step at every shape measured
-DEMO_LOOKUP = 2
 
 
 def load_models(folder: Path, random_weights: bool, drafter_dtype: torch.dtype | None = None):
@@ -161,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="beams drafted per step, or auto (with -L auto: the speculation policy picks both)")
     p.add_argument("--beam-length", "-L", type=_int_or_auto, default="auto",
                    help="tokens per beam, the guaranteed one included, or auto")
-    p.add_argument("--lookup", type=int, default=DEMO_LOOKUP,
+    p.add_argument("--lookup", type=int, default=LOOKUP_DEFAULT,
                    help="the prompt-lookup beam's longest key (docs/lookup.md); 0: the drafter's beams only")
     p.add_argument("--batch-size", "-B", type=int, default=1, help="prompts decoded together")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt at most")

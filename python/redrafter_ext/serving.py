@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ._generate_common import check_context, prompt_rows
 from ._scalar_checks import check_eos_id, check_int
-from ._shape_checks import NGRAM_MAX, num_nodes_max
+from ._shape_checks import LOOKUP_DEFAULT, NGRAM_MAX, num_nodes_max
 from .decode import GREEDY, DecodeState, SamplingParams, decode_step
 from .models import PagedKV
 
@@ -104,13 +104,13 @@ class Batch:
         sampling: ``SamplingParams`` (temperature, top-k, top-p) of every request (None: greedy);
             each request draws its uniforms from its own ``seed`` (``admit``) and step counter
             (``row_uniforms``), so its tokens do not depend on the other rows.
-        lookup: the prompt-lookup beam's longest key at every step (0: none; ``decode_step``); the
+        lookup: the prompt-lookup beam's longest key at every step (default 2; 0: none; ``decode_step``); the
             batch then keeps each row's token history (the trie keeps its N).
     """
 
     def __init__(self, target, rows: int, max_new_tokens: int, max_len: int, *, beam_width: int = 4,
                  beam_length: int = 4, paged: bool = False, num_blocks: int | None = None, block_size: int = 16,
-                 sampling: SamplingParams | None = None, lookup: int = 0) -> None:
+                 sampling: SamplingParams | None = None, lookup: int = LOOKUP_DEFAULT) -> None:
         for name, v in (("rows", rows), ("max_new_tokens", max_new_tokens), ("max_len", max_len),
                         ("beam_width", beam_width), ("beam_length", beam_length), ("block_size", block_size)):
             check_int("Batch", name, v, 0 if name == "max_new_tokens" else 1)

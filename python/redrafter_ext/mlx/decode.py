@@ -31,7 +31,7 @@ import mlx.core as mx
 from .. import _generate_common as common  # the host-side parts both backends' loops share
 from .._generate_common import GenerateOutput, Progress, Verified
 from .._scalar_checks import check_int, check_sampling
-from .._shape_checks import NGRAM_MAX, OPS, menu_nodes_max, num_nodes_max
+from .._shape_checks import LOOKUP_DEFAULT, NGRAM_MAX, OPS, menu_nodes_max, num_nodes_max
 from ..policy import SpeculationPolicy
 from . import reference
 from ._checks import FLOAT_DTYPES, check_array
@@ -421,7 +421,7 @@ def generate(
     target, drafter, prompts: Sequence[Sequence[int]] | mx.array, max_new_tokens: int, *,
     beam_width: int | str = 4, beam_length: int | str = 4, eos_id: int | None = None, ops: ModuleType | None = None,
     check_every: int | None = None, max_len: int | None = None, temperature: float = 0.0, top_k: int = 0,
-    top_p: float = 1.0, seed: int = 0, policy: SpeculationPolicy | None = None, lookup: int = 0,
+    top_p: float = 1.0, seed: int = 0, policy: SpeculationPolicy | None = None, lookup: int = LOOKUP_DEFAULT,
 ) -> GenerateOutput:
     """ReDrafter generation on MLX: prefill, then ``decode_step`` until every row is done.
 
@@ -435,7 +435,8 @@ def generate(
             successive calls to keep its calibration. Greedy output is identical to plain decoding
             whatever it picks.
         lookup: let the prompt-lookup drafts, with keys of at most this many tokens, take the place
-            of the last drafter beam where a key occurred (0: off; ``decode_step``); N is unchanged.
+            of the last drafter beam where a key occurred (default 2; 0: off; ``decode_step``); N is
+            unchanged, the state gains a ``history``.
         eos_id: stop a row after it commits this token.
         ops: a module with the six ops (default: native ``redrafter_ext.mlx.ops`` when present, else
             ``redrafter_ext.mlx.reference``).
