@@ -138,7 +138,8 @@ def test_lookup_is_on_by_default_in_generate_and_batch(target):
     assert on.state.history is not None
     assert on.steps == rx.generate(target, drafter, PROMPTS_3, 16, lookup=2, **kw).steps
     assert rx.generate(target, drafter, PROMPTS_3, 16, lookup=0, **kw).state.history is None
-    assert rx.Batch(target, 2, 8, 64).lookup == 2 and rx.Batch(target, 2, 8, 64).state.history is not None
+    batch = rx.Batch(target, 2, 8, 64)
+    assert batch.lookup == 2 and batch.state.history is not None
     assert rx.Batch(target, 2, 8, 64, lookup=0).state.history is None
 
 

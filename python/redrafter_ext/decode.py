@@ -308,9 +308,9 @@ def _step(target, drafter, state: DecodeState, W: int, L: int, ops, sampling: Sa
     if sampling is None or sampling.greedy:
         verified = Verified(*ops.verify_greedy(logits, beams, beam_node))
     else:
-        B, Wb = beams.shape[:2]
+        B = beams.shape[0]
         if uniforms is None:
-            uniforms = (sampling.rand(B, L - 1, Wb, device=logits.device), sampling.rand(B, device=logits.device))
+            uniforms = (sampling.rand(B, L - 1, W, device=logits.device), sampling.rand(B, device=logits.device))
         verified = Verified(*ops.verify_sample(logits, beams, beam_node, uniforms[0], uniforms[1],
                                                float(sampling.temperature), int(sampling.top_k),
                                                float(sampling.top_p)))
