@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 import redrafter_ext as rx
+from redrafter_ext._shape_checks import LOOKUP_DEFAULT
 from redrafter_ext.demo import CHECKPOINTS, DEFAULT_MODEL, DTYPES, load_named, load_prompt_ids
 from redrafter_ext.policy import SpeculationPolicy
 from redrafter_ext.profiling import choose_threads, cpu_name
@@ -119,8 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--configs", nargs="+", default=["1x4", "1x8", "2x4"],
                    help="static shapes WxL timed against AR; the policy's menu is (1, 1) plus these")
     p.add_argument("--no-policy", action="store_true", help="time AR and the static shapes only")
-    p.add_argument("--lookup", type=int, default=0,
-                   help="the prompt-lookup beam's longest key in every ReDrafter method (docs/lookup.md); 0: none")
+    p.add_argument("--lookup", type=int, default=LOOKUP_DEFAULT,
+                   help="the prompt-lookup beam's longest key in every ReDrafter method (docs/lookup.md; default: "
+                   "generate's); 0: none")
     p.add_argument("--runs", type=int, default=3, help="interleaved rounds (each runs every method once)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rows", type=int, default=None,
